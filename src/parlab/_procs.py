@@ -1,0 +1,101 @@
+"""Process helpers: identify a process exactly and end it without touching others.
+
+We never kill by name.  A process is named by (pid, start time) so that a pid
+that was reused by an unrelated program is left alone.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+
+
+def start_time(pid: int) -> str | None:
+    """A token that changes when ``pid`` is reused, or None if ``pid`` is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:  # no /proc (macOS): fall back to "alive or not"
+        return "?" if alive(pid) else None
+    # The command name (field 2) may contain spaces and parentheses.
+    fields = data[data.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":  # a zombie has already exited
+        return None
+    return fields[19].decode()  # field 22 overall: start time in clock ticks
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def same_process(pid: int, token: str | None) -> bool:
+    now = start_time(pid)
+    return now is not None and (token is None or token == "?" or now == token)
+
+
+def signal_group(pid: int, token: str | None, sig: int) -> bool:
+    """Send ``sig`` to the process group led by ``pid`` if it is still that process.
+
+    torchrun starts every worker in a session of its own, so the group holds
+    the worker and any children it made (data loaders, shells), nothing else.
+    """
+    if not same_process(pid, token):
+        return False
+    try:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def end_processes(procs: list[tuple[int, str | None]], grace: float = 2.0) -> None:
+    """SIGTERM each (pid, token), wait up to ``grace`` seconds, then SIGKILL survivors."""
+    live = [p for p in procs if signal_group(p[0], p[1], signal.SIGTERM)]
+    deadline = time.monotonic() + grace
+    while live and time.monotonic() < deadline:
+        time.sleep(0.05)
+        live = [p for p in live if same_process(*p)]
+    for pid, token in live:
+        signal_group(pid, token, signal.SIGKILL)
+
+
+def die_with_parent(expected_parent: int | None) -> None:
+    """Make this process die when its parent does.
+
+    On Linux the kernel sends SIGKILL through PR_SET_PDEATHSIG.  Everywhere a
+    daemon thread also polls the parent pid, which covers macOS and the race
+    where the parent died before the prctl call.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    parent = expected_parent or os.getppid()
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parlab-parent-watch", daemon=True).start()

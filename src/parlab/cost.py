@@ -1,0 +1,378 @@
+"""Back-of-the-envelope cost models: memory, communication, bubbles, time.
+
+Every function is one formula from the literature; the docstring names the
+source (see also /work/shared/FACTS.md).  Units are plain numbers: parameters
+and elements are counts, memory is bytes (decimal: 1 GB = 1e9 B), time is
+seconds, compute is FLOPs.  Divide by 1e9 yourself when you want GB.
+
+Symbols used throughout:  Ψ = number of parameters, Nd = data-parallel degree,
+s = sequence length, b = micro-batch size, h = hidden size, a = attention
+heads, L = layers, V = vocabulary size, t = tensor-parallel degree,
+p = pipeline stages, m = micro-batches, v = virtual stages per rank.
+
+This module imports nothing heavy (no torch at import time), so a notebook
+can use it for quick sums.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+# ---------------------------------------------------------------- constants
+H100_BF16_PEAK = 989e12  # dense BF16 FLOP/s, H100 SXM
+H100_MEMORY = 80e9  # bytes of HBM3
+H100_HBM_BANDWIDTH = 3.35e12  # bytes/s
+SECONDS_PER_DAY = 86_400
+
+DTYPE_BYTES = {
+    "fp32": 4, "float32": 4, "float": 4,
+    "bf16": 2, "bfloat16": 2,
+    "fp16": 2, "float16": 2, "half": 2,
+    "fp8": 1, "int8": 1,
+    "fp64": 8, "float64": 8, "double": 8,
+}
+
+
+# ---------------------------------------------------------------- validation
+def _nonneg(name: str, value: float) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+def _at_least_one(name: str, value: int) -> None:
+    if int(value) != value or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _choice(name: str, value: str, allowed) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element for a dtype name ("bf16", "fp32", ...) or a torch.dtype."""
+    if hasattr(dtype, "itemsize"):  # torch.dtype
+        return int(dtype.itemsize)
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPE_BYTES)} or a torch.dtype")
+    return DTYPE_BYTES[key]
+
+
+# ---------------------------------------------------------------- parameters
+def gpt_params(vocab: int, hidden: int, layers: int) -> int:
+    """Approximate parameter count of a GPT-style decoder.
+
+    Ψ ≈ h·V + L·(12h² + 13h) + 2h   (Ultra-Scale Playbook).
+    h·V is the (tied) embedding, 12h² + 13h one block (attention 4h² + 4h,
+    MLP 8h² + 5h, two LayerNorms 4h), 2h the final LayerNorm.  Position
+    embeddings and biases that a given model lacks are not modelled.
+    """
+    for name, x in (("vocab", vocab), ("hidden", hidden), ("layers", layers)):
+        _nonneg(name, x)
+    h = hidden
+    return h * vocab + layers * (12 * h * h + 13 * h) + 2 * h
+
+
+def count_params(model, trainable_only: bool = False) -> int:
+    """Exact number of parameters of a torch module.
+
+    ``model.parameters()`` yields each Parameter object once, so a tied
+    weight (the same Parameter used in two places) counts once.
+    """
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# ---------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class TrainingBytes:
+    """Bytes held for training, split by kind."""
+
+    weights: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+
+def weights_bytes(n_params: float, bytes_per_param: float = 2) -> float:
+    """Memory of the weights alone: Ψ × bytes per parameter (2 for fp16/bf16).
+
+    Example from FACTS.md: 70e9 parameters in bf16 need 140 GB.
+    """
+    _nonneg("n_params", n_params)
+    _nonneg("bytes_per_param", bytes_per_param)
+    return n_params * bytes_per_param
+
+
+def training_bytes(n_params: float, weight_bytes: float = 2, grad_bytes: float = 2,
+                   optim_bytes: float = 12) -> TrainingBytes:
+    """Weights, gradients and optimizer state under mixed-precision Adam.
+
+    Defaults follow ZeRO (Rajbhandari et al. 2019, §3.1): 2Ψ fp16 weights,
+    2Ψ fp16 grads and KΨ optimizer state with K = 12 (fp32 master weights,
+    momentum, variance): 16 bytes per parameter in total.
+    Activations are not included.
+    """
+    for name, x in (("n_params", n_params), ("weight_bytes", weight_bytes),
+                    ("grad_bytes", grad_bytes), ("optim_bytes", optim_bytes)):
+        _nonneg(name, x)
+    return TrainingBytes(n_params * weight_bytes, n_params * grad_bytes, n_params * optim_bytes)
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_memory_per_gpu(n_params: float, dp: int, stage: int, weight_bytes: float = 2,
+                        grad_bytes: float = 2, optim_bytes: float = 12) -> float:
+    """Model-state bytes per GPU under ZeRO (Rajbhandari et al. 2019, §5, Fig. 1).
+
+    With the defaults (2 + 2 + 12 bytes per parameter):
+      stage 0 (plain DP)                      16Ψ
+      stage 1 (optimizer states sharded)      4Ψ + 12Ψ/Nd
+      stage 2 (+ gradients sharded)           2Ψ + 14Ψ/Nd
+      stage 3 (+ weights sharded, like FSDP)  16Ψ/Nd
+    Paper example, Ψ = 7.5e9 and Nd = 64: 120, 31.4, 16.6 and 1.9 GB
+    (exact: 120, 31.41, 16.64, 1.875).  Activations are not included.
+    """
+    _choice("stage", stage, ZERO_STAGES)
+    _at_least_one("dp", dp)
+    b = training_bytes(n_params, weight_bytes, grad_bytes, optim_bytes)
+    if stage == 0:
+        return b.total
+    if stage == 1:
+        return b.weights + b.grads + b.optimizer / dp
+    if stage == 2:
+        return b.weights + (b.grads + b.optimizer) / dp
+    return b.total / dp
+
+
+def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                               recompute: bool = False) -> float:
+    """Activation memory of one transformer layer, 16-bit activations.
+
+    Korthikanti et al. 2022 (arXiv 2205.05198), Table 2:
+      t = 1, no recompute              sbh(34 + 5as/h)
+      tensor parallel (t > 1)          sbh(10 + 24/t + 5as/(ht))
+      tensor + sequence parallel (sp)  sbh(34 + 5as/h) / t
+      full recomputation               2sbh  (only the layer input is kept;
+                                        the table gives 2sbh whatever t is)
+    The tensor-parallel row with t = 1 equals the first row.
+    """
+    for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
+        _nonneg(name, x)
+    _at_least_one("t", t)
+    sbh = s * b * h
+    if recompute:
+        return 2 * sbh
+    attn = 5 * a * s / h  # the attention scores/softmax/dropout terms
+    if sp:
+        return sbh * (34 + attn) / t
+    return sbh * (10 + 24 / t + attn / t)
+
+
+# ---------------------------------------------------------------- communication
+def _ring(k: int, n_params: float, dp: int, exact: bool) -> float:
+    # k·(n-1)/n·Ψ with integer arithmetic first, so an integer Ψ gives the
+    # correctly rounded float (trace's counter relies on this for exact equality).
+    _nonneg("n_params", n_params)
+    _at_least_one("dp", dp)
+    return k * n_params if not exact else k * (dp - 1) * n_params / dp
+
+
+def dp_comm_elems(n_params: float, dp: int, exact: bool = True) -> float:
+    """Elements each rank sends per step in a data-parallel gradient all-reduce.
+
+    A ring all-reduce is a reduce-scatter then an all-gather; each moves
+    (n-1)/n·Ψ elements per rank, so exact=True gives 2(n-1)/n·Ψ (0 for n=1).
+    exact=False gives the large-n asymptote 2Ψ quoted by ZeRO §7.
+    ZeRO-1 and ZeRO-2 move the same volume.  Multiply by bytes per element
+    (``comm_bytes``) for bytes.
+    """
+    return _ring(2, n_params, dp, exact)
+
+
+def zero3_comm_elems(n_params: float, dp: int, exact: bool = True) -> float:
+    """Elements each rank sends per step under ZeRO-3 / FSDP.
+
+    An all-gather of the weights in forward, another in backward and a
+    reduce-scatter of the gradients: 3(n-1)/n·Ψ exactly on a ring
+    (exact=True), asymptotically 3Ψ = 1.5× plain DP (ZeRO §7, exact=False).
+    """
+    return _ring(3, n_params, dp, exact)
+
+
+def zero_comm_elems(n_params: float, dp: int, stage: int, exact: bool = True) -> float:
+    """Per-rank elements per step for ZeRO stage 0-3 (stages 0-2 = DP, 3 = 1.5× DP)."""
+    _choice("stage", stage, ZERO_STAGES)
+    return zero3_comm_elems(n_params, dp, exact) if stage == 3 else dp_comm_elems(n_params, dp, exact)
+
+
+def tp_comm_elems_per_layer(b: int, s: int, h: int, t: int) -> float:
+    """Elements each rank sends per layer per micro-batch under Megatron TP.
+
+    Two all-reduces of b·s·h activations in forward and two in backward
+    (Shoeybi et al. 2019); each ring all-reduce sends 2(t-1)/t·bsh, giving
+    8·b·s·h·(t-1)/t (Narayanan et al. 2021, §3.2).  Sequence parallelism
+    (all-gather + reduce-scatter instead) moves the same volume.
+    """
+    for name, x in (("b", b), ("s", s), ("h", h)):
+        _nonneg(name, x)
+    _at_least_one("t", t)
+    return 8 * b * s * h * (t - 1) / t
+
+
+def pp_comm_elems(b: int, s: int, h: int) -> float:
+    """Elements sent between neighbouring pipeline stages per micro-batch, each way.
+
+    The activation (forward) or its gradient (backward): b·s·h.
+    Interleaved schedules send this v times as often.
+    """
+    for name, x in (("b", b), ("s", s), ("h", h)):
+        _nonneg(name, x)
+    return b * s * h
+
+
+def comm_bytes(elems: float, dtype=2) -> float:
+    """Elements × bytes per element; dtype is a byte count, a name ("bf16") or a torch.dtype."""
+    _nonneg("elems", elems)
+    per = dtype if isinstance(dtype, (int, float)) and not isinstance(dtype, bool) else dtype_bytes(dtype)
+    return elems * per
+
+
+# ---------------------------------------------------------------- pipeline bubble
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+BUBBLE_DEFINITIONS = ("share", "megatron")
+
+
+def bubble_fraction(p: int, m: int, schedule: str = "gpipe", v: int = 1,
+                    definition: str = "share") -> float:
+    """Pipeline bubble for p stages and m micro-batches.  Two definitions:
+
+    definition="share":    idle time as a share of the TOTAL step time
+                           (Huang et al. 2018, GPipe):   (p-1)/(m+p-1)
+    definition="megatron": idle time relative to the IDEAL (bubble-free)
+                           time (Narayanan et al. 2021): (p-1)/m
+
+    1F1B has the same bubble as GPipe.  Interleaved 1F1B with v virtual
+    stages per rank: (p-1)/(v·m) under "megatron", and the matching share
+    (p-1)/(v·m + p-1) under "share".  In general share = r/(1+r) where r is
+    the megatron ratio.
+    """
+    _choice("schedule", schedule, SCHEDULES)
+    _choice("definition", definition, BUBBLE_DEFINITIONS)
+    _at_least_one("p", p)
+    _at_least_one("m", m)
+    _at_least_one("v", v)
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(f"v={v} only applies to schedule='interleaved'")
+    ideal = v * m  # ideal time in units of one (virtual) stage's chunk of work
+    bubble = p - 1
+    return bubble / ideal if definition == "megatron" else bubble / (ideal + bubble)
+
+
+def pipeline_warmup(p: int, rank: int) -> int:
+    """Forward passes stage ``rank`` runs before its first backward in 1F1B: p - rank - 1
+    (Megatron-LM schedules)."""
+    _at_least_one("p", p)
+    if not 0 <= rank < p:
+        raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
+    return p - rank - 1
+
+
+def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0) -> int:
+    """Peak number of micro-batches whose activations a stage keeps.
+
+    GPipe runs all m forwards before any backward: m.  1F1B keeps the
+    warm-up forwards plus the one in flight: min(m, p - rank), at most p
+    (on stage 0).  Interleaved is not modelled here.
+    """
+    _choice("schedule", schedule, ("gpipe", "1f1b"))
+    _at_least_one("m", m)
+    warm = pipeline_warmup(p, rank)
+    return m if schedule == "gpipe" else min(m, warm + 1)
+
+
+# ---------------------------------------------------------------- bandwidth
+_BUSBW = {  # op -> k, factor = k(n-1)/n; None means factor 1 (rooted ops, point-to-point)
+    "allreduce": 2, "allgather": 1, "reducescatter": 1, "alltoall": 1,
+    "broadcast": None, "reduce": None, "sendrecv": None,
+}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+               "sendrecv")
+
+
+def busbw_ratio(op: str, n: int) -> Fraction:
+    """``busbw_factor`` as an exact Fraction (used by parlab.trace for exact byte counts)."""
+    key = op.lower().replace("_", "").replace("-", "").replace(" ", "")
+    if key not in _BUSBW:
+        raise ValueError(f"unknown collective {op!r}; allowed: {', '.join(COLLECTIVES)}")
+    _at_least_one("n", n)
+    k = _BUSBW[key]
+    return Fraction(1) if k is None else Fraction(k * (n - 1), n)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """busbw / algbw for a collective on n ranks (nccl-tests, doc/PERFORMANCE.md).
+
+    all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n;
+    broadcast, reduce (and sendrecv) 1.  The factor is also the bytes each
+    rank sends, per byte of S, in a ring algorithm.  Names are matched
+    ignoring case, "_", "-" and spaces ("all_reduce", "allreduce", "all-reduce").
+    """
+    return float(busbw_ratio(op, n))
+
+
+def algbw(size_bytes: float, seconds: float) -> float:
+    """Algorithm bandwidth S / t in bytes/s (S = full array for all-gather/reduce-scatter)."""
+    _nonneg("size_bytes", size_bytes)
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    return size_bytes / seconds
+
+
+def busbw(op: str, size_bytes: float, seconds: float, n: int) -> float:
+    """Bus bandwidth = algbw × busbw_factor(op, n), comparable to link speed (nccl-tests)."""
+    return algbw(size_bytes, seconds) * busbw_factor(op, n)
+
+
+# ---------------------------------------------------------------- FLOPs and time
+def model_flops_per_token(n_params: float, layers: int, hidden: int, seq: int) -> float:
+    """Training FLOPs per token: 6N + 12·L·h·s (PaLM, Chowdhery et al. 2022, app. B).
+
+    6N is forward + backward through the weights; 12·L·h·s the attention
+    scores and weighted sum (no recomputation counted: *model* FLOPs).
+    """
+    for name, x in (("n_params", n_params), ("layers", layers), ("hidden", hidden), ("seq", seq)):
+        _nonneg(name, x)
+    return 6 * n_params + 12 * layers * hidden * seq
+
+
+def mfu(tokens_per_s: float, n_params: float, layers: int, hidden: int, seq: int,
+        n_gpus: int, peak_flops: float = H100_BF16_PEAK) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over peak FLOP/s (PaLM app. B).
+
+    tokens_per_s is the throughput of the whole job (all n_gpus together).
+    """
+    _nonneg("tokens_per_s", tokens_per_s)
+    _at_least_one("n_gpus", n_gpus)
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be > 0, got {peak_flops!r}")
+    return tokens_per_s * model_flops_per_token(n_params, layers, hidden, seq) / (n_gpus * peak_flops)
+
+
+def time_to_train(n_params: float, tokens: float, n_gpus: int,
+                  peak_flops: float = H100_BF16_PEAK, mfu: float = 0.4) -> float:
+    """Seconds to train: 6·N·tokens / (GPUs × peak × MFU) (attention FLOPs ignored).
+
+    Divide by SECONDS_PER_DAY for days.
+    """
+    _nonneg("n_params", n_params)
+    _nonneg("tokens", tokens)
+    _at_least_one("n_gpus", n_gpus)
+    if peak_flops <= 0 or not 0 < mfu <= 1:
+        raise ValueError(f"need peak_flops > 0 and 0 < mfu <= 1, got {peak_flops!r}, {mfu!r}")
+    return 6 * n_params * tokens / (n_gpus * peak_flops * mfu)
