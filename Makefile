@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine:
+#   make lab    create .venv if missing, install, start JupyterLab on labs/
+#   make test   same set-up, then run the test suite
+VENV        ?= .venv
+PYTHON      ?= python3
+TORCH_SPEC  ?= torch==2.13.0
+# Extra pip options for the torch install, e.g. TORCH_PIP_ARGS="--index-url <PyTorch CPU index>"
+TORCH_PIP_ARGS ?=
+CONSTRAINTS ?= constraints/cpu.txt
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.parlab-installed
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test doctor bench release clean-venv
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
+	@$(PY) -c "import torch, parlab; print('parlab ready: torch', torch.__version__)"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=labs
+
+test: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+doctor: setup
+	$(VENV)/bin/parlab doctor
+
+bench: setup
+	OMP_NUM_THREADS=1 $(PY) benchmarks/launch_overhead.py
+
+clean-venv:
+	rm -rf $(VENV)

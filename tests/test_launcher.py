@@ -1,0 +1,413 @@
+"""The launcher: results, notebook-style code, errors, hangs, bad input, cleanup.
+
+Every test that starts ranks checks afterwards that none of its processes
+is left, by the pids the ranks reported themselves.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import parlab
+from parlab import launcher
+from parlab._procs import alive
+
+pytestmark = pytest.mark.timeout(240)
+
+
+# ----------------------------------------------------------------- rank functions
+
+
+def whoami(scale):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t * scale,
+            "device": str(parlab.device()), "seed_draw": torch.rand(1).item()}
+
+
+def record_pids(path):
+    """Append 'rank pid ppid' so the test can check these processes are gone later."""
+    with open(path, "a") as f:
+        f.write(f"{dist.get_rank()} {os.getpid()} {os.getppid()}\n")
+
+
+def fail_on_rank_one(path):
+    record_pids(path)
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        raise ValueError("rank one is unhappy")
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the other ranks wait here for rank 1
+    return t
+
+
+def sleep_forever(path):
+    record_pids(path)
+    while True:
+        time.sleep(0.2)
+
+
+def collective_on_rank_zero_only(path):
+    record_pids(path)
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        time.sleep(60)  # alive but never joining: the collective must time out
+
+
+def mismatched_collectives():
+    t = torch.ones(4)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=1)
+
+
+def return_generator():
+    return (i for i in range(3))
+
+
+def chatty(n):
+    for i in range(n):
+        print(f"line {i}")
+    return n
+
+
+def pids_from(path):
+    with open(path) as f:
+        rows = [line.split() for line in f if line.strip()]
+    return {int(r): (int(pid), int(ppid)) for r, pid, ppid in rows}
+
+
+def assert_all_gone(path, wait=5.0):
+    procs = {pid for pid, _ in pids_from(path).values()} | {ppid for _, ppid in pids_from(path).values()}
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and any(alive(p) and not _zombie(p) for p in procs):
+        time.sleep(0.1)
+    left = [p for p in procs if alive(p) and not _zombie(p)]
+    assert not left, f"processes left behind: {left}"
+
+
+def _zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def assert_no_job_dirs():
+    root = launcher._jobs_root()
+    left = [n for n in os.listdir(root) if n.startswith(f"job-{os.getpid()}-")] if os.path.isdir(root) else []
+    assert not left, f"job folders left on disk: {left}"
+
+
+# ----------------------------------------------------------------- results
+
+
+def test_results_come_back_in_rank_order():
+    out = parlab.launch(whoami, args=(2.0,), nproc=3)
+    assert [r["rank"] for r in out] == [0, 1, 2]
+    assert all(r["world"] == 3 for r in out)
+    assert all(torch.equal(r["sum"], torch.tensor([12.0])) for r in out)  # (1+2+3) * 2
+    assert all(r["device"] == "cpu" for r in out)
+    draws = [r["seed_draw"] for r in out]
+    assert len(set(draws)) == 3, "ranks must be seeded differently"
+    assert parlab.launch(whoami, args=(1.0,), nproc=3)[1]["seed_draw"] == draws[1], "seeds must be repeatable"
+    assert_no_job_dirs()
+
+
+def test_notebook_style_functions_classes_and_closures_travel_by_value(tmp_path):
+    # Code defined in __main__ (like a notebook cell) is not importable by the ranks.
+    source = textwrap.dedent("""
+        import torch, torch.distributed as dist
+
+        class Doubler:
+            def __init__(self, k):
+                self.k = k
+            def __call__(self, t):
+                return t * 2 * self.k
+
+        def make(k):
+            d = Doubler(k)
+            def work(x):
+                t = torch.full((2,), float(x + dist.get_rank()))
+                dist.all_reduce(t)
+                return d(t)
+            return work
+    """)
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, str(tmp_path / "cell.py"), "exec"), namespace)
+    out = parlab.launch(namespace["make"](10), args=(1,), nproc=2)
+    # ranks hold 1 and 2 -> sum 3 -> doubled and scaled by 10
+    assert [o.tolist() for o in out] == [[60.0, 60.0], [60.0, 60.0]]
+
+
+def test_kwargs_env_and_seed_reach_the_ranks():
+    def read(name, *, suffix):
+        import random
+        return os.environ.get(name, "") + suffix, random.random()
+
+    out = parlab.launch(read, args=("PARLAB_TEST_VALUE",), kwargs={"suffix": "!"}, nproc=2,
+                        env={"PARLAB_TEST_VALUE": "hi"}, seed=5)
+    assert [o[0] for o in out] == ["hi!", "hi!"]
+    import random
+    random.seed(6)
+    assert out[1][1] == random.random()  # rank 1 uses seed + 1
+
+
+# ----------------------------------------------------------------- errors
+
+
+def test_rank_error_names_first_failing_rank_with_its_traceback(tmp_path):
+    pids = tmp_path / "pids"
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(fail_on_rank_one, args=(str(pids),), nproc=3)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "rank one is unhappy" in err.remote_traceback
+    assert "in fail_on_rank_one" in err.remote_traceback
+    assert 'raise ValueError("rank one is unhappy")' in err.remote_traceback  # the source line itself
+    message = str(err)
+    assert message.startswith("rank 1 failed: ValueError: rank one is unhappy")
+    assert "rank 0: in all_reduce" in message and "rank 2: in all_reduce" in message
+    assert "test_launcher.py" in err.stacks[0]
+    assert isinstance(err, parlab.LaunchError)
+    assert_all_gone(pids)
+    assert_no_job_dirs()
+
+
+def test_collective_that_one_rank_never_joins_fails_fast_with_a_hint(tmp_path):
+    pids = tmp_path / "pids"
+    start = time.monotonic()
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(collective_on_rank_zero_only, args=(str(pids),), nproc=2, timeout=16)
+    assert time.monotonic() - start < 16, "the process-group timeout must fire before the launch timeout"
+    message = str(info.value)
+    assert info.value.rank == 0
+    assert "timed out" in message.lower() and "debug=True" in message
+    assert "rank 1: at test_launcher.py" in message and "in collective_on_rank_zero_only" in message
+    assert_all_gone(pids)
+
+
+def test_debug_mode_names_mismatched_collectives():
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(mismatched_collectives, nproc=2, timeout=60, debug=True)
+    text = str(info.value)
+    assert "ALLREDUCE" in text.upper() and "BROADCAST" in text.upper(), text
+
+
+def test_timeout_reports_where_every_rank_was_and_cleans_up(tmp_path):
+    pids = tmp_path / "pids"
+    with pytest.raises(parlab.LaunchTimeout) as info:
+        parlab.launch(sleep_forever, args=(str(pids),), nproc=2, timeout=10)
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, parlab.LaunchError)
+    assert set(err.stacks) == {0, 1}
+    assert "in sleep_forever" in err.stacks[0]
+    assert "rank 0: at test_launcher.py" in str(err) and "in sleep_forever" in str(err)
+    assert_all_gone(pids)
+    assert_no_job_dirs()
+
+
+def test_unpicklable_return_value_is_named():
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(return_generator, nproc=2)
+    assert "returned a 'generator' that cannot be pickled" in str(info.value)
+
+
+# ----------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"nproc": 0}, ValueError, "at least 1"),
+    ({"nproc": -2}, ValueError, "at least 1"),
+    ({"nproc": 2.5}, TypeError, "whole number"),
+    ({"backend": "tcp"}, ValueError, "unknown backend"),
+    ({"timeout": 0}, ValueError, "positive number"),
+    ({"env": {"X": 1}}, TypeError, "strings"),
+    ({"args": 5}, TypeError, "tuple"),
+    ({"args": (threading.Lock(),)}, TypeError, "argument 0 (lock) cannot be sent"),
+])
+def test_bad_input_is_rejected_before_anything_starts(kwargs, error, words):
+    start = time.monotonic()
+    with pytest.raises(error, match=None) as info:
+        parlab.launch(whoami, **{"args": (1.0,), **kwargs})
+    assert words in str(info.value)
+    assert time.monotonic() - start < 2
+
+
+def test_function_that_cannot_be_pickled_is_named():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="the function cannot be sent"):
+        parlab.launch(lambda: lock.locked(), nproc=2)
+
+
+def test_gpu_requests_on_a_machine_without_gpus(monkeypatch):
+    monkeypatch.setattr(launcher, "_visible_gpus", lambda: 0)
+    with pytest.raises(parlab.LaunchError, match="needs GPUs, but this machine has none"):
+        parlab.launch(whoami, args=(1.0,), nproc=2, backend="nccl")
+
+
+def test_more_nccl_ranks_than_gpus(monkeypatch):
+    monkeypatch.setattr(launcher, "_visible_gpus", lambda: 2)
+    with pytest.raises(ValueError, match="nproc=4 but only 2 GPU"):
+        parlab.launch(whoami, args=(1.0,), nproc=4, backend="nccl")
+
+
+def test_default_backend_and_nproc(monkeypatch):
+    monkeypatch.setattr(launcher, "_visible_gpus", lambda: 0)
+    assert launcher.choose_backend(None, None) == (2, "gloo")
+    monkeypatch.setattr(launcher, "_visible_gpus", lambda: 8)
+    assert launcher.choose_backend(None, None) == (8, "nccl")
+    assert launcher.choose_backend(4, None) == (4, "nccl")
+    assert launcher.choose_backend(9, None) == (9, "gloo")
+
+
+# ----------------------------------------------------------------- output
+
+
+def test_output_is_prefixed_and_bounded(capsys, monkeypatch):
+    monkeypatch.setenv("PARLAB_MAX_LINES", "40")
+    assert parlab.launch(chatty, args=(500,), nproc=2) == [500, 500]
+    out = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        mine = [line for line in out if line.startswith(f"[rank {rank}] ")]
+        assert f"[rank {rank}] line 0" in mine and f"[rank {rank}] line 499" in mine  # head and tail
+        assert len(mine) <= 20
+
+
+def test_suppressed_line_count_is_reported(capfd, monkeypatch):
+    monkeypatch.setenv("PARLAB_MAX_LINES", "20")
+    parlab.launch(chatty, args=(100,), nproc=2)
+    err = capfd.readouterr().err
+    assert "... 90 lines from rank 0 not shown ..." in err
+
+
+# ----------------------------------------------------------------- scripts, doctor
+
+
+def test_run_script_runs_a_torchrun_style_file(tmp_path, capfd):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import sys, torch, torch.distributed as dist
+        dist.init_process_group("gloo")          # a torchrun script sets up its own group
+        t = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        print("total", int(t.item()), "args", sys.argv[1:])
+    """))
+    assert parlab.run_script(script, nproc=2, args=["--lr", 0.1]) == [None, None]
+    out = capfd.readouterr().out
+    assert "[rank 1] total 3 args ['--lr', '0.1']" in out
+
+
+def test_doctor_reports_and_exits_zero():
+    proc = subprocess.run([sys.executable, "-m", "parlab", "doctor"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torch" in proc.stdout and "gloo yes" in proc.stdout and "all_reduce" in proc.stdout
+
+
+# ----------------------------------------------------------------- cleanup
+
+
+LAUNCHING_SCRIPT = """
+import sys, parlab
+sys.path.insert(0, {tests!r})
+import test_launcher as t
+parlab.launch(t.sleep_forever, args=({pids!r},), nproc=2, timeout=200)
+"""
+
+
+def _start_launching_process(tmp_path):
+    pids = tmp_path / "pids"
+    script = tmp_path / "kernel.py"
+    script.write_text(LAUNCHING_SCRIPT.format(tests=os.path.dirname(__file__), pids=str(pids)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not pids.exists() or len(pids_from(pids)) < 2):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    assert len(pids_from(pids)) == 2, "the ranks never started"
+    return proc, pids
+
+
+def test_interrupt_stops_every_rank_and_says_where_they_were(tmp_path):
+    proc, pids = _start_launching_process(tmp_path)
+    proc.send_signal(signal.SIGINT)  # what Jupyter's stop button does
+    out, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert "Interrupted. Where the ranks were:" in err and "in sleep_forever" in err
+    assert_all_gone(pids)
+
+
+def test_killed_kernel_takes_its_ranks_with_it(tmp_path):
+    proc, pids = _start_launching_process(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)  # a kernel restart or crash
+    proc.communicate(timeout=30)
+    assert_all_gone(pids, wait=5.0)
+    # The dead kernel's job folder is swept by the next launch on the machine.
+    root = launcher._jobs_root()
+    mine = [n for n in os.listdir(root) if n.startswith(f"job-{proc.pid}-")]
+    assert mine, "expected the killed kernel's folder to exist until the next sweep"
+    launcher.sweep_stale_jobs()
+    assert not [n for n in os.listdir(root) if n.startswith(f"job-{proc.pid}-")]
+
+
+def test_killed_torchrun_is_reported_and_its_ranks_end(tmp_path):
+    pids = tmp_path / "pids"
+
+    def kill_agent_when_ranks_run():
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if pids.exists() and len(pids_from(pids)) == 2:
+                os.kill(pids_from(pids)[0][1], signal.SIGKILL)  # ppid of a rank = torchrun
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_agent_when_ranks_run)
+    killer.start()
+    with pytest.raises(parlab.LaunchError, match="killed by signal 9"):
+        parlab.launch(sleep_forever, args=(str(pids),), nproc=2, timeout=120)
+    killer.join()
+    assert_all_gone(pids)
+    assert_no_job_dirs()
+
+
+def test_no_torchelastic_folders_are_left_in_tmp():
+    import tempfile
+
+    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("torchelastic_")}
+    parlab.launch(whoami, args=(1.0,), nproc=2)
+    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("torchelastic_")}
+    assert after == before
+
+
+CONCURRENT_SCRIPT = """
+import sys, torch, parlab
+sys.path.insert(0, {tests!r})
+import test_launcher as t
+out = parlab.launch(t.whoami, args=(float({k}),), nproc=2, timeout=200)
+assert [o["sum"].item() for o in out] == [3.0 * {k}] * 2, out
+print("ok", {k})
+"""
+
+
+def test_eight_concurrent_launches_do_not_collide(tmp_path):
+    procs = []
+    for k in range(8):
+        script = tmp_path / f"student{k}.py"
+        script.write_text(CONCURRENT_SCRIPT.format(tests=os.path.dirname(__file__), k=k + 1))
+        procs.append(subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outputs = [p.communicate(timeout=220) for p in procs]
+    for k, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"launch {k} failed:\n{out}\n{err}"
+        assert f"ok {k + 1}" in out
