@@ -95,6 +95,17 @@ def test_close_dtypes():
 def test_close_none_and_dtensor_like():
     assert "None" in fails(check.assert_close, None, torch.ones(2), "out", 1)
 
+    class FakeDTensor:  # what a DTensor looks like from the outside
+        placements = ()
+
+        def full_tensor(self):
+            return torch.ones(2)
+
+    assert ".full_tensor()" in fails(check.assert_close, FakeDTensor(), torch.ones(2), "w", 0)
+    assert "not a tensor" in fails(check.assert_close, object(), torch.ones(2), "w", 0)
+    msg = fails(check.assert_close, torch.tensor(2.0), torch.tensor(0.5), "loss", 0)
+    assert "(a scalar)" in msg and "ratio ≈ 4" in msg
+
 
 # ---------------------------------------------------------------- params / grads
 

@@ -222,6 +222,8 @@ def _ratio_hint(g: Tensor, e: Tensor, what: str, world_size: int | None) -> str:
                 f"by {inv} once too often, or only one rank's share?")
     if abs(r + 1) < 1e-3:
         return " Every element has the opposite sign: a flipped sign (loss or update)?"
+    if g.numel() < 4:  # too few numbers for an arbitrary constant ratio to mean much
+        return ""
     return f" Every element is {r:.4g}x the reference (constant ratio): a scale factor is off."
 
 
@@ -239,7 +241,8 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
     gv, ev, dv = got.reshape(-1)[flat].item(), exp.reshape(-1)[flat].item(), diff.reshape(-1)[flat].item()
     tol = "exactly" if rtol == 0 and atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
     msg = (f"{_who(rank)}'{name}' does not match {ref}: {n_bad} of {total} elements differ "
-           f"({tol}). Largest absolute difference {dv:.3g} at index {idx}: "
+           f"({tol}). Largest absolute difference {dv:.3g} "
+           f"{f'at index {idx}' if idx else '(a scalar)'}: "
            f"got {_num(gv)}, expected {_num(ev)}.")
     nan = got.isnan() & ~exp.isnan() if got.dtype.is_floating_point else None
     if nan is not None and bool(nan.any()):
@@ -247,7 +250,7 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
         nidx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), nan.shape)) if nan.dim() else ()
         return msg + (f" {int(nan.sum())} element(s) are NaN (first at index {nidx}): look for "
                       "a division by zero, log(0), or an uninitialised buffer (torch.empty).")
-    return msg + _ratio_hint(g, e, what, world_size)
+    return msg + ("" if got.dtype == torch.bool else _ratio_hint(g, e, what, world_size))
 
 
 def _mismatch(got: Any, expected: Any, name: str, rank: int | None, rtol, atol, *,

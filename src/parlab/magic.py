@@ -73,7 +73,7 @@ def torchrun(line: str, cell: str, ipython=None):
     if skipped:
         print("%%torchrun: these notebook variables cannot be sent to the ranks and will be undefined "
               f"there: {', '.join(skipped)}", file=sys.stderr)
-    count = getattr(ipython, "execution_count", None)
+    count = _current_cell_number(ipython)
     filename = f"<torchrun-cell-{count}>"
     tree = ast.parse(cell)
     has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
@@ -81,6 +81,14 @@ def torchrun(line: str, cell: str, ipython=None):
                     debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
                     label=f"Cell In[{count}]" if count is not None else None)
     return results if has_value else None
+
+
+def _current_cell_number(ipython):
+    """The running cell's In[n]: IPython registers each cell's code name as it compiles it."""
+    mapping = getattr(getattr(ipython, "compile", None), "_filename_map", None)
+    if mapping:
+        return max(mapping.values())
+    return getattr(ipython, "execution_count", None)
 
 
 def register(ipython) -> None:

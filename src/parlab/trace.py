@@ -217,7 +217,7 @@ _OPS = {
     "broadcast": ("broadcast", lambda a: _nbytes(a["tensor"])),
     "reduce": ("reduce", lambda a: _nbytes(a["tensor"])),
     "all_gather": ("all_gather", lambda a: sum(_nbytes(t) for t in a["tensor_list"])),
-    "all_gather_into_tensor": ("all_gather", lambda a: _nbytes(a["input_tensor"])),
+    "all_gather_into_tensor": ("all_gather", lambda a: _nbytes(a["output_tensor"])),
     "reduce_scatter": ("reduce_scatter", lambda a: sum(_nbytes(t) for t in a["input_list"])),
     "reduce_scatter_tensor": ("reduce_scatter", lambda a: _nbytes(a["input"])),
     "all_gather_single": ("all_gather", lambda a: _nbytes(a["output_tensor"])),
