@@ -222,7 +222,7 @@ def test_bandwidth_curves_bad_input():
         viz.bandwidth_curves([0, 2], {"x": [1, 2]})
     with pytest.raises(ValueError, match="non-positive time"):
         viz.bandwidth_curves([1, 2], {"x": [1, 0]})
-    with pytest.raises(ValueError, match="unknown op"):
+    with pytest.raises(ValueError, match="unknown collective"):
         viz.bandwidth_curves([1, 2], {"x": [1, 2]}, op="all_reduce_typo")
     with pytest.raises(ValueError, match="metric"):
         viz.bandwidth_curves([1, 2], {"x": [1, 2]}, metric="speed")

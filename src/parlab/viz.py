@@ -24,6 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
+from .cost import busbw_factor
+
 __all__ = ["rank_color", "collective_diagram", "gantt", "memory_bars", "bandwidth_curves",
            "mesh_picture"]
 
@@ -414,18 +416,6 @@ def memory_bars(measured: Mapping[Any, Mapping[str, float]],
 
 # ---------------------------------------------------------------- bandwidth
 
-def _busbw_factor(op: str, n: int) -> float:
-    """busbw / algbw (nccl-tests doc/PERFORMANCE.md; shared/FACTS.md)."""
-    # dedupe with parlab.cost.busbw_factor
-    key = op.lower().replace("-", "_").replace(" ", "_")
-    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-               "reduce_scatter": (n - 1) / n, "all_to_all": (n - 1) / n,
-               "broadcast": 1.0, "reduce": 1.0}
-    if key not in factors:
-        raise ValueError(f"unknown op {op!r}; choose one of {', '.join(factors)}")
-    return factors[key]
-
-
 def _binary_size(x: float, _pos=None) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if x >= size:
@@ -450,7 +440,7 @@ def bandwidth_curves(sizes_bytes: Sequence[float], curves: Mapping[str, Sequence
         raise ValueError(f"metric must be 'busbw' or 'algbw', got {metric!r}")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n (number of ranks) must be an int >= 1, got {n!r}")
-    factor = _busbw_factor(op, n) if metric == "busbw" else 1.0
+    factor = busbw_factor(op, n) if metric == "busbw" else 1.0
     if factor == 0:
         raise ValueError(f"busbw of {op} is zero for n=1 (nothing crosses a link); use metric='algbw'")
     sizes = [float(s) for s in sizes_bytes]
