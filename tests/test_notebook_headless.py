@@ -81,3 +81,23 @@ def test_magic_error_points_at_the_magic_cell(executed):
     assert err.ename == "WorkerError"
     assert "rank 1 failed: KeyError: 'f'" in err.evalue
     assert "Cell In[6], line 3" in err.evalue
+
+
+def test_widgets_mode_puts_each_rank_in_its_own_output_area(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("import os; os.environ['PARLAB_OUTPUT'] = 'widgets'\n"
+                                  "import parlab, torch.distributed as dist"),
+        nbformat.v4.new_code_cell("def f():\n    print('hello from', dist.get_rank())\n    return 1\n"
+                                  "parlab.launch(f, nproc=2)"),
+    ]
+    NotebookClient(nb, timeout=200, kernel_name="python3", store_widget_state=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    kinds = [o.output_type for o in nb.cells[1].outputs]
+    assert kinds == ["display_data", "execute_result"], kinds  # no plain-text rank lines
+    assert "application/vnd.jupyter.widget-view+json" in nb.cells[1].outputs[0].data
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    outputs = [m["state"]["outputs"] for m in state.values() if m["model_name"] == "OutputModel"]
+    assert len(outputs) == 2
+    texts = ["".join(o.get("text", "") for o in area) for area in outputs]
+    assert sorted(texts) == ["hello from 0\n", "hello from 1\n"]
