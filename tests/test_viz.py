@@ -123,7 +123,7 @@ def test_gantt_bubble_matches_gpipe_formula():
                     predicted_bubble=(p - 1) / (m + p - 1))
     title = fig.axes[0].get_title()
     share = f"{(p - 1) / (m + p - 1):.1%}"  # 42.9%
-    assert f"measured {share}" in title and f"predicted {share}" in title
+    assert f"in these spans {share}" in title and f"predicted {share}" in title
     assert layout_problems(fig) == []
     assert "F0" in texts_of(fig) and "B3" in texts_of(fig)
 

@@ -322,7 +322,7 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
         rows: dict[int, list] = {}
         for _, r, a, b, _ in items:
             rows.setdefault(r, []).append((a, b))
-        note = f"idle share (bubble) measured {_idle_share(rows, t0, t1):.1%}"
+        note = f"idle share (bubble) in these spans {_idle_share(rows, t0, t1):.1%}"
         if predicted_bubble is not None:
             note += f", predicted {predicted_bubble:.1%}"
         heading += "\n" + note
