@@ -324,7 +324,23 @@ class _Job:
         return env
 
     def _end(self) -> None:
-        """End every process of this launch by pid, then remove its folder."""
+        """End every process of this launch by pid, then remove its folder.
+
+        A second press of the stop button must not cut the clean-up short, so
+        SIGINT waits until it is done (only the main thread may do this).
+        """
+        import signal
+        import threading
+
+        guard = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if guard else None
+        try:
+            self._end_processes()
+        finally:
+            if guard:
+                signal.signal(signal.SIGINT, previous)
+
+    def _end_processes(self) -> None:
         if self.agent is not None:
             procs = list(_read_pids(self.dir).values())
             if self.agent.poll() is None:
