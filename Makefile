@@ -31,6 +31,10 @@ test: setup
 doctor: setup
 	$(VENV)/bin/parlab doctor
 
+# Regenerate labs/ (the student release) from solutions/ with nbgrader.
+release: setup
+	$(PY) scripts/release.py
+
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) benchmarks/launch_overhead.py
 

@@ -411,3 +411,12 @@ def test_eight_concurrent_launches_do_not_collide(tmp_path):
     for k, (p, (out, err)) in enumerate(zip(procs, outputs)):
         assert p.returncode == 0, f"launch {k} failed:\n{out}\n{err}"
         assert f"ok {k + 1}" in out
+
+
+def test_default_timeout_is_below_the_course_cell_timeout():
+    from traitlets.config.loader import PyFileConfigLoader
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    config = PyFileConfigLoader("nbgrader_config.py", path=root).load_config()
+    cell_timeout = config.Execute.timeout
+    assert launcher.DEFAULT_TIMEOUT < cell_timeout, (launcher.DEFAULT_TIMEOUT, cell_timeout)

@@ -1,0 +1,63 @@
+"""nbgrader configuration for the parlab course (nbgrader 0.9.6).
+
+Run nbgrader from the repository root so that it picks up this file:
+
+    nbgrader generate_assignment 00-setup --force   # or: make release (all labs)
+    nbgrader autograde 00-setup                     # after collecting submissions
+
+Layout (one folder per lab, one notebook per folder):
+
+    solutions/<lab>/<lab>.ipynb          instructor version: solutions + hidden tests
+    labs/<lab>/<lab>.ipynb               student version, GENERATED from solutions/
+    submitted/<student>/<lab>/...        collected work           (git-ignored)
+    autograded/, feedback/, gradebook.db nbgrader's grading state (git-ignored)
+
+Every setting below is one the course relies on; anything not set keeps
+nbgrader's default.  See docs/instructor.md for the workflow.
+"""
+
+c = get_config()  # noqa: F821 - provided by traitlets when nbgrader loads this file
+
+# ---------------------------------------------------------------- course layout
+# Course id used by the JupyterHub exchange (release_assignment / collect).
+c.CourseDirectory.course_id = "parlab"
+# The instructor notebooks live in solutions/ (nbgrader's "source" step) ...
+c.CourseDirectory.source_directory = "solutions"
+# ... and the student notebooks are generated into labs/ (the "release" step).
+# labs/ is committed so that students who simply clone the repository get the
+# lab notebooks; it is never edited by hand (scripts/release.py rewrites it).
+c.CourseDirectory.release_directory = "labs"
+# The gradebook is nbgrader's default: sqlite:///<root>/gradebook.db, which is
+# git-ignored.  (CourseDirectory.db_students / db_assignments no longer exist
+# in nbgrader 0.9; students are added by `nbgrader db student add` or created
+# on the fly by `nbgrader autograde`, which creates missing students by default.)
+
+# ---------------------------------------------------------------- executing cells
+# Seconds one cell may run during autograde before nbgrader interrupts it.
+# nbgrader's default (30 s) is too short: a cold 4-rank launch alone costs
+# about 10 s on a 2-core machine, and a test cell may launch 2-3 times.
+# It must also stay ABOVE parlab's own launch timeout (parlab.launcher.
+# DEFAULT_TIMEOUT = 120 s): then a deadlocked student cell ends as a clean
+# parlab.LaunchTimeout, with every rank's stack and all processes ended,
+# instead of nbgrader interrupting the kernel while ranks are still running.
+c.Execute.timeout = 300
+# On a cell timeout, interrupt the kernel and record the cell as failed
+# rather than aborting the whole notebook (this is nbgrader's default, kept
+# on purpose: the remaining exercises still get graded).
+c.Execute.interrupt_on_timeout = True
+
+# ---------------------------------------------------------------- output limits
+# nbgrader keeps at most this many lines of stream output and traceback per
+# cell in the autograded notebook (these are its defaults, written out so the
+# numbers the course documents are visible here).  parlab bounds each rank's
+# printed output on its side (PARLAB_MAX_LINES), so a chatty rank cannot
+# flood the gradebook.
+c.LimitOutput.max_lines = 1000
+c.LimitOutput.max_traceback = 100
+
+# ---------------------------------------------------------------- solution stubs
+# Release version of a solution region: the student sees this and replaces it.
+# (nbgrader's default text, written out because the course's tests check that
+# every answer cell of a released lab raises NotImplementedError.)
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"

@@ -1,0 +1,151 @@
+"""Autograde lab notebooks with the real nbgrader, in a throw-away course folder.
+
+    from nbgrader_harness import RELEASED, autograde, source_notebook
+    result = autograde("00-setup", {"solution": source_notebook("00-setup"), "blank": RELEASED})
+    result["solution"]["score"], result["solution"]["max_score"], result["solution"]["cells"]
+
+What it does, in a temporary course root that holds a copy of the
+repository's nbgrader_config.py (so every course setting applies: folder
+names, cell timeout, output limits):
+
+1. copies solutions/<lab>/ in and runs ``nbgrader generate_assignment <lab> --force``;
+2. puts each student's notebook at submitted/<student>/<lab>/<notebook>.ipynb;
+3. runs ``nbgrader autograde <lab> --force`` once for all students;
+4. reads each student's scores from the gradebook (nbgrader.api.Gradebook).
+
+Every process that nbgrader starts (kernels, torchrun, ranks) inherits a
+unique PARLAB_HARNESS_TOKEN environment variable; ``leftover_processes``
+finds any still alive by that token, orphans included.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN_VAR = "PARLAB_HARNESS_TOKEN"
+#: Pass this instead of a path to submit the student version generated in the same run.
+RELEASED = "released"
+
+
+def _release_module():
+    spec = importlib.util.spec_from_file_location("parlab_release", REPO / "scripts" / "release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+release_script = _release_module()
+
+
+def lab_names() -> list[str]:
+    """Every lab folder under solutions/ (the same discovery scripts/release.py uses)."""
+    return release_script.lab_names(REPO)
+
+
+def source_notebook(lab: str) -> Path:
+    """The instructor notebook of a lab (one notebook per lab folder)."""
+    (path,) = sorted((REPO / "solutions" / lab).glob("*.ipynb"))
+    return path
+
+
+def release_notebook(lab: str) -> Path:
+    """The committed student notebook of a lab."""
+    return REPO / "labs" / lab / source_notebook(lab).name
+
+
+def _run(args: list[str], cwd: Path, env: dict, timeout: float) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env, timeout=timeout,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nbgrader {' '.join(args)} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-6000:]}")
+    return time.perf_counter() - start
+
+
+def notebook_seconds(path: Path) -> float:
+    """Wall time of an executed notebook, from the timings nbclient records in each cell."""
+    stamps = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        execution = cell.get("metadata", {}).get("execution", {})
+        stamps += [datetime.fromisoformat(v.replace("Z", "+00:00")) for v in execution.values()]
+    return (max(stamps) - min(stamps)).total_seconds() if stamps else 0.0
+
+
+def leftover_processes(token: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live processes whose environment carries ``token``."""
+    found = []
+    needle = f"{TOKEN_VAR}={token}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":  # exited, awaiting its parent
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                found.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace").strip()))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def autograde(lab: str, submissions: dict[str, Path | str], workdir: Path | None = None,
+              timeout: float = 900) -> dict[str, dict]:
+    """Generate ``lab``, submit each student's notebook, autograde them all, and return scores.
+
+    ``submissions`` maps a student id to a notebook path, or to ``RELEASED``
+    for the untouched student version that this run generated.
+
+    Returns ``{student: {"score", "max_score", "cells": {grade_id: (score, max_score)},
+    "seconds": notebook execution time, "autograded": path}}`` plus one entry
+    ``"_run"`` with the course ``root``, the ``token`` its processes carry,
+    and ``generate_seconds`` / ``autograde_seconds`` (wall time of each command).
+    """
+    from nbgrader.api import Gradebook
+
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"parlab-grade-{lab}-"))
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    shutil.copytree(REPO / "solutions" / lab, root / "solutions" / lab,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    token = secrets.token_hex(8)
+    env = dict(os.environ, **{TOKEN_VAR: token})
+    # nbgrader calls the `alembic` command when it creates gradebook.db: use this venv's.
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+
+    gen = _run(["generate_assignment", lab, "--force"], root, env, timeout)
+    notebook = source_notebook(lab).name
+    for student, path in submissions.items():
+        dest = root / "submitted" / student / lab
+        dest.mkdir(parents=True)
+        released = root / release_script.load_config(root).CourseDirectory.release_directory / lab / notebook
+        shutil.copy(released if path == RELEASED else path, dest / notebook)
+    grade = _run(["autograde", lab, "--force"], root, env, timeout)
+
+    results: dict[str, dict] = {"_run": {"root": root, "token": token, "generate_seconds": gen,
+                                         "autograde_seconds": grade}}
+    course_id = release_script.load_config(root).CourseDirectory.course_id
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id) as gb:
+        for student in submissions:
+            sub = gb.find_submission(lab, student)
+            cells = {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
+            done = root / "autograded" / student / lab / notebook
+            results[student] = {"score": sub.score, "max_score": sub.max_score, "cells": cells,
+                                "seconds": notebook_seconds(done), "autograded": done}
+    return results

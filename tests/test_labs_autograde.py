@@ -1,0 +1,70 @@
+"""Every lab through the real nbgrader: the solution gets full marks, the blank release gets 0.
+
+One ``nbgrader autograde`` run per lab grades both students (each nbgrader
+command costs ~5 s of start-up).  Afterwards no process that the run started
+(kernels, torchrun, ranks) may still be alive.  Timings are printed (run
+pytest with -s to see them) and also reported on failure.
+"""
+import time
+
+import nbformat
+import pytest
+
+from nbgrader_harness import RELEASED, autograde, lab_names, leftover_processes, source_notebook
+
+pytestmark = pytest.mark.timeout(900)
+
+#: A blank lab must fail fast: no cell may get near nbgrader's cell timeout.
+BLANK_SECONDS = 240
+
+
+@pytest.fixture(scope="module", params=lab_names())
+def graded(request, tmp_path_factory):
+    lab = request.param
+    # The blank is the student version generated in the same run (whether the
+    # committed labs/ matches it is tests/test_labs_release.py's business).
+    result = autograde(lab, {"solution": source_notebook(lab), "blank": RELEASED},
+                       workdir=tmp_path_factory.mktemp(f"course-{lab}"))
+    run = result["_run"]
+    print(f"\n[{lab}] generate {run['generate_seconds']:.1f} s, autograde (2 students) "
+          f"{run['autograde_seconds']:.1f} s; notebooks: solution {result['solution']['seconds']:.1f} s, "
+          f"blank {result['blank']['seconds']:.1f} s")
+    return lab, result
+
+
+def failed_outputs(path) -> str:
+    """Error outputs of an autograded notebook, to explain a lost point."""
+    lines = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", cell.get("id"))
+                lines.append(f"{grade_id}: {out['ename']}: {out['evalue'][:300]}")
+    return "\n".join(lines)
+
+
+def test_solution_gets_full_marks(graded):
+    lab, result = graded
+    sol = result["solution"]
+    assert sol["max_score"] > 0, f"{lab} has no graded cells"
+    lost = {k: v for k, v in sol["cells"].items() if v[0] != v[1]}
+    assert not lost, f"{lab}: the solution lost points in {lost}\n{failed_outputs(sol['autograded'])}"
+    assert sol["score"] == sol["max_score"]
+
+
+def test_blank_release_scores_zero_in_time(graded):
+    lab, result = graded
+    blank = result["blank"]
+    scored = {k: v for k, v in blank["cells"].items() if v[0] != 0}
+    assert not scored, f"{lab}: the untouched release notebook earned points in {scored}"
+    assert blank["max_score"] == result["solution"]["max_score"]
+    assert blank["seconds"] < BLANK_SECONDS, f"{lab}: the blank notebook took {blank['seconds']:.0f} s"
+    assert "CellTimeoutError" not in failed_outputs(blank["autograded"])
+
+
+def test_no_process_left_behind(graded):
+    lab, result = graded
+    deadline = time.monotonic() + 10  # the launcher ends its ranks within about a second
+    while (left := leftover_processes(result["_run"]["token"])) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not left, f"{lab}: processes started by autograde are still alive: {left}"
