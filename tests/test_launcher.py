@@ -420,3 +420,29 @@ def test_default_timeout_is_below_the_course_cell_timeout():
     config = PyFileConfigLoader("nbgrader_config.py", path=root).load_config()
     cell_timeout = config.Execute.timeout
     assert launcher.DEFAULT_TIMEOUT < cell_timeout, (launcher.DEFAULT_TIMEOUT, cell_timeout)
+
+
+def test_a_connection_failure_while_forming_the_group_is_retried_once(monkeypatch, capfd):
+    real_errors = launcher._Job._errors
+    injected = []
+
+    def first_attempt_fails(self):
+        if not injected:  # what gloo reports when a connection drops during init
+            injected.append(self.dir)
+            return {0: {"rank": 0, "kind": "init", "exc_type": "RuntimeError", "time": 0.0,
+                        "message": "Gloo connectFullMesh failed with ... Connection closed by peer",
+                        "traceback": "RuntimeError: Gloo connectFullMesh failed"}}
+        return real_errors(self)
+
+    monkeypatch.setattr(launcher._Job, "_errors", first_attempt_fails)
+    out = parlab.launch(whoami, args=(1.0,), nproc=2)
+    assert [o["rank"] for o in out] == [0, 1]
+    assert "starting them once more" in capfd.readouterr().err
+    assert not os.path.exists(injected[0]), "the failed attempt's folder must be removed"
+
+
+def test_only_failures_before_user_code_count_as_transient():
+    err = {"kind": "init", "message": "Gloo connectFullMesh failed: Connect timeout"}
+    assert launcher.transient_start_failure(err) == "connectFullMesh"
+    assert launcher.transient_start_failure({**err, "kind": "raised"}) == ""
+    assert launcher.transient_start_failure({"kind": "init", "message": "CUDA error: out of memory"}) == ""

@@ -128,6 +128,10 @@ def main() -> None:
 
     try:
         _prepare_rank(spec, rank)
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
+        _report_error(job, rank, exc, labels, "init")
+        _wait_to_be_ended()
+    try:
         import cloudpickle
 
         with open(f"{job}/task.pkl", "rb") as f:

@@ -262,17 +262,24 @@ class _Job:
 
     def run(self) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
-        sweep_stale_jobs()
-        self._start()
-        try:
-            return self._wait()
-        except KeyboardInterrupt:
-            where = self._collect_stacks(self._unfinished(), wait=1.0)
-            if where:
-                sys.stderr.write("Interrupted. Where the ranks were:\n" + self._status_lines(where) + "\n")
-            raise
-        finally:
-            self._end()
+        for attempt in (1, 2):
+            sweep_stale_jobs()
+            self._start()
+            try:
+                return self._wait()
+            except _TransientStartFailure as failure:
+                if attempt == 2:
+                    raise failure.error from None
+                sys.stderr.write(f"parlab: the ranks could not connect to each other ({failure.reason}); "
+                                 "starting them once more\n")
+            except KeyboardInterrupt:
+                where = self._collect_stacks(self._unfinished(), wait=1.0)
+                if where:
+                    sys.stderr.write("Interrupted. Where the ranks were:\n" + self._status_lines(where) + "\n")
+                raise
+            finally:
+                self._end()
+        raise AssertionError("unreachable")
 
     def _start(self) -> None:
         os.makedirs(_jobs_root(), mode=0o700, exist_ok=True)
@@ -471,7 +478,7 @@ class _Job:
         first = min(errors.values(), key=lambda e: e["time"])
         r = first["rank"]
         others = {k: v for k, v in self._status(stacks, errors).items() if k != r}
-        lines = [f"rank {r} {'could not start' if first['kind'] == 'setup' else 'failed'}: "
+        lines = [f"rank {r} {'could not start' if first['kind'] in ('init', 'setup') else 'failed'}: "
                  f"{first['exc_type']}: {first['message']}".rstrip(), "",
                  f"Traceback from rank {r}:", first["traceback"].rstrip()]
         if others:
@@ -479,10 +486,14 @@ class _Job:
         hint = _hint(first, self.debug)
         if hint:
             lines += ["", hint]
-        raise WorkerError("\n".join(lines), rank=r, remote_traceback=first["traceback"],
-                          exc_type=first["exc_type"],
-                          stacks={k: _stacks.format_dump(v, self.labels) for k, v in stacks.items()},
-                          failures={k: f"{e['exc_type']}: {e['message']}" for k, e in errors.items()})
+        error = WorkerError("\n".join(lines), rank=r, remote_traceback=first["traceback"],
+                            exc_type=first["exc_type"],
+                            stacks={k: _stacks.format_dump(v, self.labels) for k, v in stacks.items()},
+                            failures={k: f"{e['exc_type']}: {e['message']}" for k, e in errors.items()})
+        reason = transient_start_failure(first)
+        if reason:
+            raise _TransientStartFailure(error, reason)
+        raise error
 
     def _time_out(self) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
@@ -500,6 +511,28 @@ class _Job:
         raise LaunchTimeout("\n".join(lines), timeout=self.timeout,
                             stacks={r: _stacks.format_dump(d, self.labels) for r, d in stacks.items()},
                             status=status)
+
+
+class _TransientStartFailure(Exception):
+    def __init__(self, error: WorkerError, reason: str):
+        super().__init__(reason)
+        self.error, self.reason = error, reason
+
+
+_TRANSIENT_MARKERS = ("connectFullMesh", "Connection closed by peer", "Connection refused",
+                      "Connect timeout", "Connection reset by peer")
+
+
+def transient_start_failure(error: dict) -> str:
+    """Why a failure while the process group was forming is worth one retry, or "".
+
+    Under heavy load (many students, 2 cores) gloo's first connections can
+    fail before any user code ran.  Starting again is safe then; a failure
+    in the user's code is never retried.
+    """
+    if error["kind"] != "init":
+        return ""
+    return next((m for m in _TRANSIENT_MARKERS if m in error["message"]), "")
 
 
 def _hint(error: dict, debug: bool) -> str:
