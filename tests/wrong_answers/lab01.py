@@ -1,0 +1,250 @@
+"""Typical wrong answers to Lab 01's exercises (collectives from primitives).
+
+``WRONG`` maps each exercise to a list of (fixture, words the check's message
+must contain).  Exercises "rs_ag", "ring" and "tree" run on ranks;
+"bandwidths" is a plain function.  ``DEADLOCK`` hangs and is tested alone
+with a short timeout.  tests/test_lab01.py runs every fixture.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+
+# ------------------------------------------------ 1. all-reduce = reduce-scatter + all-gather
+
+def rs_ag_forgets_remainder(x):
+    """Splits numel // n elements per rank and never touches the leftover tail."""
+    n = dist.get_world_size()
+    out = x.reshape(-1).clone()
+    c = out.numel() // n
+    mine = torch.empty(c, dtype=x.dtype)
+    dist.reduce_scatter(mine, list(out[: c * n].split(c)))
+    parts = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(parts, mine)
+    out[: c * n] = torch.cat(parts)
+    return out.reshape(x.shape)
+
+
+def rs_ag_returns_own_chunk(x):
+    """Stops after the reduce-scatter and returns this rank's reduced chunk."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype)
+    padded[: x.numel()] = x.reshape(-1)
+    mine = torch.empty(c, dtype=x.dtype)
+    dist.reduce_scatter(mine, list(padded.split(c)))
+    return mine
+
+
+def rs_ag_no_all_gather(x):
+    """Reduces its own chunk in place but never gathers the other chunks."""
+    n, rank = dist.get_world_size(), dist.get_rank()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype)
+    padded[: x.numel()] = x.reshape(-1)
+    mine = torch.empty(c, dtype=x.dtype)
+    dist.reduce_scatter(mine, list(padded.split(c)))
+    padded[rank * c:(rank + 1) * c] = mine
+    return padded[: x.numel()].reshape(x.shape)
+
+
+def rs_ag_default_dtype(x):
+    """Builds its buffers without dtype=x.dtype: right for float32, wrong for other dtypes."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n)
+    padded[: x.numel()] = x.reshape(-1)
+    mine = torch.empty(c)
+    dist.reduce_scatter(mine, list(padded.split(c)))
+    parts = [torch.empty(c) for _ in range(n)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)[: x.numel()].reshape(x.shape)
+
+
+# ------------------------------------------------ 2. ring all-reduce from point-to-point
+
+def _exchange(send, recv, rank, n):
+    reqs = [dist.isend(send, (rank + 1) % n), dist.irecv(recv, (rank - 1) % n)]
+    for r in reqs:
+        r.wait()
+
+
+def _ring(x, rs_steps, ag_steps, ag_offset=1, chunks_of=None):
+    """A ring all-reduce with knobs to get it wrong."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = x.reshape(-1).clone()
+    chunks = chunks_of(out, n) if chunks_of else list(out.tensor_split(n))
+    for s in range(rs_steps(n)):
+        i = (rank - s - 1) % n
+        buf = torch.empty_like(chunks[i])
+        _exchange(chunks[(rank - s) % n], buf, rank, n)
+        chunks[i] += buf
+    for s in range(ag_steps(n)):
+        buf = torch.empty_like(chunks[(rank - s) % n])
+        _exchange(chunks[(rank + ag_offset - s) % n], buf, rank, n)
+        chunks[(rank - s) % n].copy_(buf)
+    return out.reshape(x.shape)
+
+
+def ring_one_step_short(x):
+    """Reduce-scatter phase runs n-2 steps instead of n-1."""
+    return _ring(x, lambda n: n - 2, lambda n: n - 1)
+
+
+def ring_forgets_remainder(x):
+    """Chunks of numel // n elements: the tail is never reduced."""
+    def floor_chunks(out, n):
+        c = out.numel() // n
+        return list(out[: c * n].split(c)) if c else [out[:0]] * n
+    return _ring(x, lambda n: n - 1, lambda n: n - 1, chunks_of=floor_chunks)
+
+
+def ring_no_all_gather(x):
+    """Only the reduce-scatter phase; every other chunk holds a partial sum."""
+    return _ring(x, lambda n: n - 1, lambda n: 0)
+
+
+def ring_all_gather_wrong_chunk(x):
+    """All-gather phase starts from chunk `rank` (partial) instead of `rank + 1` (complete)."""
+    return _ring(x, lambda n: n - 1, lambda n: n - 1, ag_offset=0)
+
+
+def ring_blocking_deadlock(x):
+    """Every rank sends first with blocking send: on gloo nobody ever gets to recv."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = x.reshape(-1).clone()
+    chunks = list(out.tensor_split(n))
+    for s in range(n - 1):
+        i = (rank - s - 1) % n
+        buf = torch.empty_like(chunks[i])
+        dist.send(chunks[(rank - s) % n].contiguous(), (rank + 1) % n)
+        dist.recv(buf, (rank - 1) % n)
+        chunks[i] += buf
+    return out.reshape(x.shape)
+
+
+def ring_recv_buffer_wrong_size(x):
+    """Sizes the receive buffer like the chunk it sends: fine for even chunks, but
+    with uneven ones gloo aborts on the size mismatch."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = x.reshape(-1).clone()
+    chunks = list(out.tensor_split(n))
+    for s in range(n - 1):
+        send = chunks[(rank - s) % n]
+        buf = torch.empty_like(send)
+        _exchange(send, buf, rank, n)
+        chunks[(rank - s - 1) % n] += buf
+    for s in range(n - 1):
+        send = chunks[(rank + 1 - s) % n]
+        buf = torch.empty_like(send)
+        _exchange(send, buf, rank, n)
+        chunks[(rank - s) % n].copy_(buf)
+    return out.reshape(x.shape)
+
+
+def ring_raises_on_one_rank(x):
+    """A bug only one rank hits (indexing past the last chunk on the last rank)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = list(x.reshape(-1).tensor_split(n))
+    return chunks[rank + 1] if rank == n - 1 else x
+
+
+# ------------------------------------------------ 3. tree broadcast from send/recv
+
+def tree_assumes_root_zero(x, root):
+    """Heap tree over the real ranks: always broadcasts rank 0's data."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank > 0:
+        dist.recv(x, (rank - 1) // 2)
+    for c in (2 * rank + 1, 2 * rank + 2):
+        if c < n:
+            dist.send(x, c)
+    return x
+
+
+def tree_power_of_two_only(x, root):
+    """Binomial tree with floor(log2 n) rounds: misses ranks when n is not a power of two."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v = (rank - root) % n
+    for k in range(int(math.log2(n))):
+        step = 2 ** k
+        if v < step and v + step < n:
+            dist.send(x, (v + step + root) % n)
+        elif step <= v < 2 * step:
+            dist.recv(x, (v - step + root) % n)
+    return x
+
+
+def tree_returns_input(x, root):
+    """Receives into a fresh buffer, forwards it, but returns the untouched input."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v = (rank - root) % n
+    buf = x.clone()
+    if v > 0:
+        dist.recv(buf, ((v - 1) // 2 + root) % n)
+    for c in (2 * v + 1, 2 * v + 2):
+        if c < n:
+            dist.send(buf, (c + root) % n)
+    return x
+
+
+# ------------------------------------------------ 4. algbw and busbw (GB/s)
+
+def bw_factor_two(numel, dtype, seconds, n):
+    s = numel * dtype.itemsize
+    return s / seconds / 1e9, 2 * s / seconds / 1e9
+
+
+def bw_per_rank_bytes(numel, dtype, seconds, n):
+    s = numel * dtype.itemsize / n
+    return s / seconds / 1e9, s / seconds * 2 * (n - 1) / n / 1e9
+
+
+def bw_bits(numel, dtype, seconds, n):
+    bits = numel * torch.finfo(dtype).bits if dtype.is_floating_point else numel * torch.iinfo(dtype).bits
+    return bits / seconds / 1e9, bits / seconds * 2 * (n - 1) / n / 1e9
+
+
+def bw_elements_not_bytes(numel, dtype, seconds, n):
+    return numel / seconds / 1e9, numel / seconds * 2 * (n - 1) / n / 1e9
+
+
+WRONG = {
+    "rs_ag": [
+        (rs_ag_forgets_remainder, "forget the last chunk"),
+        (rs_ag_returns_own_chunk, "only its own chunk"),
+        (rs_ag_no_all_gather, "own input"),
+    ],
+    "ring": [
+        (ring_one_step_short, "only some ranks' inputs"),
+        (ring_forgets_remainder, "forget the last chunk"),
+        (ring_no_all_gather, "only some ranks' inputs"),
+        (ring_all_gather_wrong_chunk, "differs from all_reduce"),
+    ],
+    "tree": [
+        (tree_assumes_root_zero, "assume the root is rank 0"),
+        (tree_returns_input, "own input: the broadcast never reached"),
+    ],
+    "bandwidths": [
+        (bw_factor_two, "factor 2"),
+        (bw_per_rank_bytes, "not one rank's share"),
+        (bw_bits, "bits instead of bytes"),
+        (bw_elements_not_bytes, "not elements"),
+    ],
+}
+
+#: Caught only by the hidden tests (other world sizes and sizes).
+WRONG_HIDDEN = {
+    "rs_ag": [(rs_ag_default_dtype, "dtype")],
+    "tree": [(tree_power_of_two_only, "not a power of two")],
+}
+
+#: Hangs; must fail within a bounded time, not hang the grader.
+DEADLOCK = (ring_blocking_deadlock, "blocking dist.send")
+
+#: Crashes at numel 10 on 4 ranks: a shape error on one rank, gloo's size abort on another.
+CRASH = (ring_recv_buffer_wrong_size, "must match the size")
+
+#: Raises on one rank only; must surface as a clear error at once.
+RAISES = (ring_raises_on_one_rank, "IndexError")
