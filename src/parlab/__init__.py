@@ -11,6 +11,7 @@ submodules that are imported on first use, so ``import parlab`` stays cheap:
 - ``parlab.cost``      memory / communication / time cost models
 - ``parlab.trace``     per-rank spans, collective byte counting, memory
 - ``parlab.viz``       figures (collectives, Gantt charts, memory, bandwidth, mesh)
+- ``parlab.grading``   the labs' autograder checks
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_SUBMODULES = {"models", "data", "reference", "check", "cost", "trace", "viz", "collectives"}
+_SUBMODULES = {"models", "data", "reference", "check", "cost", "trace", "viz", "grading"}
 
 
 def __getattr__(name):
