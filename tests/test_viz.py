@@ -264,3 +264,19 @@ def test_mesh_picture_bad_input():
         viz.mesh_picture(2, 2, 2, highlight="ep")
     with pytest.raises(ValueError, match="too many"):
         viz.mesh_picture(8, 8, 8)
+
+
+def _bar_rows(fig):
+    """Centre y of each non-background bar, by colour-independent geometry."""
+    ax = fig.axes[0]
+    return sorted({round(p.get_y() + p.get_height() / 2, 2) for p in ax.patches if p.get_hatch() is None})
+
+
+def test_gantt_puts_overlapping_communication_in_its_own_lane():
+    overlapping = [dict(name="backward", rank=0, start=0, end=10),
+                   dict(name="all_reduce", rank=0, start=4, end=12, bytes=100)]
+    assert _bar_rows(viz.gantt(overlapping)) == [-0.2, 0.2]  # compute above, comm below
+    sequential = [dict(name="backward", rank=0, start=0, end=10),
+                  dict(name="all_reduce", rank=0, start=10, end=12, bytes=100)]
+    assert _bar_rows(viz.gantt(sequential)) == [0.0]
+    assert _bar_rows(viz.gantt(sequential, comm_lane=True)) == [-0.2, 0.2]

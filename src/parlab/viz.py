@@ -277,9 +277,17 @@ def _human_bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
+_COMM = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send", "recv",
+         "all_to_all"}
+
+
+def _overlaps(iv: tuple[float, float], others: list[tuple[float, float]]) -> bool:
+    return any(a < iv[1] and iv[0] < b for a, b in others if (a, b) != iv)
+
+
 def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool = False,
           predicted_bubble: float | None = None, unit: str = "auto", labels: bool = True,
-          ax: Axes | None = None) -> Figure:
+          comm_lane: bool | None = None, ax: Axes | None = None) -> Figure:
     """Per-rank timeline of traced spans, coloured by kind of work.
 
     A span is anything with ``name, rank, start, end`` (and optionally
@@ -288,6 +296,11 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
     bubbles).  ``show_bubble`` adds the measured idle share of the window
     (GPipe's definition, (p-1)/(m+p-1) for an ideal GPipe step) to the title,
     next to ``predicted_bubble`` if given.  ``unit='steps'`` keeps raw times.
+
+    ``comm_lane`` draws communication (all_reduce, send, ...) in a lane of
+    its own under each rank's compute, like a profiler's separate streams, so
+    that communication overlapping backward stays visible.  By default it is
+    on when some rank's communication overlaps its other work.
     """
     items = _read_spans(spans)
     t0, t1 = min(s[2] for s in items), max(s[3] for s in items)
@@ -299,19 +312,29 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
     colors, extra = dict(_SPAN_COLORS), iter(_EXTRA_COLORS * 10)
     used: dict[str, str] = {}
     axes_inches = ax.get_position().width * fig.get_figwidth()
+    is_comm = [_category(s[0]) in _COMM for s in items]
+    lanes: dict[tuple[int, bool], list[tuple[float, float]]] = {}
+    for (_, r, a, b, _), c in zip(items, is_comm):
+        lanes.setdefault((r, c), []).append((a, b))
+    if comm_lane is None:
+        comm_lane = any(_overlaps(iv, lanes.get((r, False), [])) for (r, c), ivs in lanes.items() if c
+                        for iv in ivs)
+    height = 0.36 if comm_lane else 0.7
     for r in ranks:
-        ax.barh(r, length, left=0, height=0.7, facecolor="#f4f4f4", edgecolor="#d5d5d5",
-                hatch="////", lw=0)
-    for name, r, a, b, nbytes in items:
+        ax.barh(r, length, left=0, height=0.8 if comm_lane else 0.7, facecolor="#f4f4f4",
+                edgecolor="#d5d5d5", hatch="////", lw=0)
+    for (name, r, a, b, nbytes), c in zip(items, is_comm):
         cat = _category(name)
         color = used.setdefault(cat, colors.get(cat) or next(extra))
         x, w = (a - t0) * scale, (b - a) * scale
-        ax.barh(r, w, left=x, height=0.7, color=color, edgecolor="white", lw=0.6)
-        options = [name + f"\n{_human_bytes(nbytes)}", name] if nbytes else [name]
+        y = r + (0.2 if c else -0.2) if comm_lane else r
+        ax.barh(y, w, left=x, height=height, color=color, edgecolor="white", lw=0.6)
+        options = [name + f"\n{_human_bytes(nbytes)}", name] if nbytes and not comm_lane else [name]
         fits = [t for t in options  # 8 pt text: about 0.075 inch a character
                 if w / length * axes_inches >= 0.075 * max(map(len, t.split("\n"))) + 0.05]
-        if labels and fits:
-            ax.text(x + w / 2, r, fits[0], ha="center", va="center", fontsize=8,
+        crowded = _overlaps((a, b), lanes[(r, c)])  # in-flight async ops stack up
+        if labels and fits and not crowded:
+            ax.text(x + w / 2, y, fits[0], ha="center", va="center", fontsize=8 if not comm_lane else 7,
                     color=_text_color(color))
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
