@@ -446,3 +446,13 @@ def test_only_failures_before_user_code_count_as_transient():
     assert launcher.transient_start_failure(err) == "connectFullMesh"
     assert launcher.transient_start_failure({**err, "kind": "raised"}) == ""
     assert launcher.transient_start_failure({"kind": "init", "message": "CUDA error: out of memory"}) == ""
+
+
+def init_again():
+    dist.init_process_group("gloo")
+
+
+def test_calling_init_process_group_again_gets_a_hint():
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(init_again, nproc=2)
+    assert "remove init_process_group" in str(info.value)

@@ -541,6 +541,9 @@ def _hint(error: dict, debug: bool) -> str:
         tip = ("Hint: a collective timed out, so the ranks were waiting for each other: usually one "
                "rank skipped a collective or called a different one.")
         return tip if debug else tip + " Rerun with launch(..., debug=True) to name the mismatch."
+    if "default process group twice" in text:
+        return ("Hint: parlab.launch has already set up the process group on every rank; remove "
+                "init_process_group (and destroy_process_group) from the function.")
     if "Connection closed by peer" in text:
         return ("Hint: another rank left (it returned or crashed) while this rank waited for it in a "
                 "collective: every rank must call the same collectives in the same order.")
