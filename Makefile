@@ -22,8 +22,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 setup: $(STAMP)
 
+# Jupyter refuses to run as root unless told; containers and course VMs often are root.
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=labs
+	$(VENV)/bin/jupyter lab --notebook-dir=labs $(LAB_ARGS)
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
