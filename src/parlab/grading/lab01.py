@@ -96,10 +96,15 @@ _EXERCISES = {
              "exactly the parent that sends to it, for every root and world size"),
 }
 
+#: What the surviving ranks report when a peer aborted in the middle of a message.
+_DIED_MID_MESSAGE = ("expected size", "Received data size", "Connection closed", "Connection reset",
+                     "SIGABRT")
+
 _SIZE_HINT = ("a rank died in the middle of a collective or send/recv (its stderr is shown "
               "above). Here that usually means gloo aborted because a message and its receive "
               "buffer differ in size: the "
-              "sender's chunk and the receiver's buffer must have the same number of elements "
+              "sender's chunk and the receiver's buffer must have the same number of elements and "
+              "the same dtype (allocate buffers with dtype=x.dtype) "
               "(compute chunk boundaries the same way on every rank; with uneven chunks, size the "
               "buffer for the chunk that arrives, not the one you send)")
 
@@ -131,10 +136,13 @@ def _on_ranks(tasks: list, catch: bool) -> dict:
                 dist.all_reduce(wrong, op=dist.ReduceOp.MAX)
                 if wrong.item():
                     break
-        except Exception:  # noqa: BLE001 - only in batch mode; see run_exercises
+        except Exception as exc:  # noqa: BLE001 - only in batch mode; see run_exercises
             if not catch:
+                if hasattr(exc, "add_note"):  # Python 3.11+: name the case in the traceback
+                    exc.add_note(f"(while grading case {case.describe(n)})")
                 raise
-            results = "raised " + traceback.format_exc(limit=-3)
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            results = f"raised {last} on case {case.describe(n)}:\n" + traceback.format_exc(limit=-3)
         out[key] = results
     return out
 
@@ -228,7 +236,8 @@ def _grade(kind: str, name: str, n: int, cases: list[Case], per_rank: list) -> s
     raised = [(r, out) for r, out in enumerate(per_rank) if isinstance(out, str)]
     if raised:
         r, text = raised[0]
-        return f"{name} {text.splitlines()[0]} on rank {r}:\n{text}"
+        first, _, rest = text.partition("\n")
+        return f"{name} {first.rstrip(':')} (rank {r}):\n{rest}"
     passed: list[Case] = []
     for i, case in enumerate(cases[:min(len(out) for out in per_rank)]):
         got = [out[i] for out in per_rank]
@@ -278,10 +287,12 @@ def run_exercises(batch: Mapping[str, Mapping[str, Callable]], *, hidden: bool =
             names = ", ".join(name for (_, name), *_ in tasks)
             what = "did not finish: the ranks waited for each other" if hang else "failed"
             hints = {_EXERCISES[ex][3] for (ex, _), *_ in tasks} if hang else set()
-            if not hang and any(s in text for s in ("expected size", "Connection closed", "SIGABRT")):
+            if not hang and any(s in text for s in _DIED_MID_MESSAGE):
                 hints = {_SIZE_HINT}  # a rank died mid-message: most likely gloo's abort
+            tried = "; ".join(sorted({c.describe(n).rsplit(", world_size", 1)[0]
+                                      for *_, cases in tasks for c in cases}))
             raise AssertionError(
-                f"{names} {what} on {n} ranks (e.g. {tasks[0][3][0].describe(n)}).\n"
+                f"{names} {what} on {n} ranks, in one of these cases: {tried}.\n"
                 + "".join(f"Hint: {h}.\n" for h in hints) + f"\n{err}") from None
         for key, _, kind, cases in tasks:
             report[key] = _grade(kind, key[1], n, cases, [out[key] for out in per_rank])
