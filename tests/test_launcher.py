@@ -231,7 +231,7 @@ def test_unpicklable_return_value_is_named():
     ({"nproc": -2}, ValueError, "at least 1"),
     ({"nproc": 2.5}, TypeError, "whole number"),
     ({"backend": "tcp"}, ValueError, "unknown backend"),
-    ({"timeout": 0}, ValueError, "positive number"),
+    ({"timeout": 0}, ValueError, "positive, finite number"),
     ({"env": {"X": 1}}, TypeError, "strings"),
     ({"args": 5}, TypeError, "tuple"),
     ({"args": (threading.Lock(),)}, TypeError, "argument 0 (lock) cannot be sent"),
@@ -469,3 +469,123 @@ def test_doctor_exits_nonzero_with_the_reason(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "BAD" in captured.out and "ranks could not connect" in captured.out
     assert "1 problem(s)" in captured.err
+
+
+# ----------------------------------------------------------------- review findings
+
+
+def exit_on_rank_one(path, how):
+    record_pids(path)
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        if how == "exit":
+            os._exit(3)
+        import ctypes
+        ctypes.string_at(0)  # segfault
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.parametrize("how, words, exc_type", [
+    ("exit", "it exited with code 3", "exit code 3"),
+    ("segv", "it was killed by SIGSEGV", "SIGSEGV"),
+])
+def test_a_rank_that_dies_is_blamed_not_the_survivor(tmp_path, how, words, exc_type):
+    pids = tmp_path / "pids"
+    with pytest.raises(parlab.WorkerError) as info:
+        parlab.launch(exit_on_rank_one, args=(str(pids), how), nproc=2, timeout=60)
+    err = info.value
+    assert err.rank == 1 and err.exc_type == exc_type, str(err)
+    assert str(err).startswith("rank 1 died without raising a Python exception: " + words)
+    if how == "segv":
+        assert "Segmentation fault" in err.remote_traceback  # faulthandler's report from stderr
+    assert_all_gone(pids)
+
+
+def start_child_and_return(path):
+    child = subprocess.Popen(["sleep", "300"])
+    with open(path, "a") as f:
+        f.write(f"{dist.get_rank()} {child.pid} {os.getpid()}\n")
+    return child.pid
+
+
+def test_processes_started_by_a_rank_end_with_the_launch(tmp_path):
+    pids = tmp_path / "pids"
+    parlab.launch(start_child_and_return, args=(str(pids),), nproc=2)
+    assert_all_gone(pids)
+
+
+def non_leaf_results():
+    from collections import OrderedDict, namedtuple
+
+    w = torch.ones(2, requires_grad=True)
+    y = w * 2  # not a leaf: has a grad_fn
+    pair = namedtuple("Pair", "a b")
+    return OrderedDict(y=y), pair(y, 1)
+
+
+def test_tensors_in_any_container_come_back_detached():
+    (od, pair), _ = parlab.launch(non_leaf_results, nproc=2)
+    assert type(od).__name__ == "OrderedDict" and not od["y"].requires_grad
+    assert pair.a.tolist() == [2.0, 2.0] and not pair.a.requires_grad and pair.b == 1
+
+
+def exit_zero():
+    import sys
+    sys.exit(0)
+
+
+def test_sys_exit_zero_is_a_normal_end():
+    assert parlab.launch(exit_zero, nproc=2) == [None, None]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_timeouts_must_be_finite_and_positive(bad):
+    with pytest.raises(ValueError, match="positive, finite"):
+        parlab.launch(whoami, args=(1.0,), nproc=2, timeout=bad)
+
+
+def test_bad_parlab_timeout_environment_variable(monkeypatch):
+    monkeypatch.setenv("PARLAB_TIMEOUT", "abc")
+    with pytest.raises(ValueError, match="PARLAB_TIMEOUT must be a positive"):
+        parlab.launch(whoami, args=(1.0,), nproc=2)
+
+
+def test_timeout_during_start_up_says_so():
+    with pytest.raises(parlab.LaunchTimeout) as info:
+        parlab.launch(whoami, args=(1.0,), nproc=2, timeout=1.5)
+    assert "had not finished starting" in str(info.value) and "debug=True" not in str(info.value)
+
+
+def test_sweep_leaves_folders_it_does_not_understand(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "_jobs_root", lambda: str(tmp_path))
+    (tmp_path / "job-x-y-z").mkdir()
+    (tmp_path / "job-99999999-1-abc").mkdir()  # a dead owner: swept
+    launcher.sweep_stale_jobs()
+    assert sorted(os.listdir(tmp_path)) == ["job-x-y-z"]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to create a folder owned by someone else")
+def test_a_jobs_folder_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "parlab-0"
+    root.mkdir()
+    os.chown(root, 12345, 12345)
+    monkeypatch.setattr(launcher, "_jobs_root", lambda: str(root))
+    with pytest.raises(parlab.LaunchError, match="not a folder owned by you"):
+        parlab.launch(whoami, args=(1.0,), nproc=2)
+
+
+def test_process_identity_without_proc_uses_ps():
+    from parlab import _procs
+
+    token = _procs._start_time_from_ps(os.getpid())
+    assert token and token == _procs._start_time_from_ps(os.getpid())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert _procs._start_time_from_ps(dead.pid) is None
+
+
+def test_progress_bars_show_their_last_state(capsys):
+    from parlab._output import TextSink
+
+    TextSink(1).line(0, "out", "".join(f"\r{i:3d}%" for i in range(101)))
+    assert capsys.readouterr().out == "[rank 0] 100%\n"

@@ -31,6 +31,14 @@ CELLS = [
     "scale = f.__name__\n"
     "if rank == 1:\n"
     "    raise KeyError(scale)",
+    # 7, 8: a notebook variable named like a builtin still travels
+    "input = torch.arange(3.0)",
+    "%%torchrun -n 2\n"
+    "input * rank",
+    # 9: a syntax error points at the magic cell's line
+    "%%torchrun -n 2\n"
+    "x = 1\n"
+    "y = (x +\n",
 ]
 
 
@@ -101,3 +109,13 @@ def test_widgets_mode_puts_each_rank_in_its_own_output_area(tmp_path):
     assert len(outputs) == 2
     texts = ["".join(o.get("text", "") for o in area) for area in outputs]
     assert sorted(texts) == ["hello from 0\n", "hello from 1\n"]
+
+
+def test_magic_sends_variables_named_like_builtins(executed):
+    assert _text(executed[7], "execute_result") == "[tensor([0., 0., 0.]), tensor([0., 1., 2.])]"
+
+
+def test_magic_syntax_error_points_at_the_cell(executed):
+    err = [o for o in executed[8].outputs if o.output_type == "error"][0]
+    assert err.ename == "SyntaxError"
+    assert "(<torchrun-cell-9>, line 2)" in err.evalue  # line 2 of the cell body, under %%torchrun

@@ -68,6 +68,8 @@ class OutputSink:
         self.budgets = [_RankBudget(per_rank) for _ in range(nproc)]
 
     def line(self, rank: int, stream: str, text: str) -> None:
+        if "\r" in text:  # a progress bar redraws its line: keep what it drew last
+            text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
         if len(text) > MAX_LINE_CHARS:
             text = text[:MAX_LINE_CHARS] + f" ... [{len(text) - MAX_LINE_CHARS} more characters]"
         if self.budgets[rank].take((stream, text)):

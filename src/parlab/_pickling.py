@@ -29,10 +29,32 @@ class _Pickler(cloudpickle.Pickler):
     dispatch_table = ChainMap({types.CodeType: _reduce_code}, cloudpickle.Pickler.dispatch_table)
 
 
-def dumps(obj) -> bytes:
+class _ResultPickler(_Pickler):
+    """Sends every tensor in a rank's result as a detached CPU tensor, in any container.
+
+    The notebook kernel must never unpickle a CUDA tensor: that would create a
+    CUDA context on a shared GPU in the kernel of every student who does it.
+    """
+
+    def reducer_override(self, obj):
+        import torch
+
+        if isinstance(obj, torch.Tensor) and (obj.device.type != "cpu" or obj.grad_fn is not None):
+            plain = obj.detach().cpu()
+            if isinstance(obj, torch.nn.Parameter):
+                plain = torch.nn.Parameter(plain, requires_grad=obj.requires_grad)
+            return plain.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        return super().reducer_override(obj)
+
+
+def dumps(obj, pickler=_Pickler) -> bytes:
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return buffer.getvalue()
+
+
+def dumps_result(obj) -> bytes:
+    return dumps(obj, _ResultPickler)
 
 
 loads = cloudpickle.loads

@@ -26,7 +26,11 @@ def label_cells(text: str, labels: dict) -> str:
 
 
 def _is_library(path: str) -> bool:
-    return path.startswith(_LIB_DIRS) or path.startswith(_PARLAB_DIR) or "site-packages" in path
+    return (path.startswith(_LIB_DIRS) or path.startswith(_PARLAB_DIR) or "site-packages" in path
+            or path.startswith("<frozen"))
+
+
+STARTING_UP = "still starting up (importing torch or joining the process group)"
 
 
 def _short(path: str) -> str:
@@ -69,6 +73,11 @@ def where(frames: list[tuple[str, int, str]], labels: dict) -> str:
 
     user = next((f for f in frames if f[0] in labels or not _is_library(f[0])), None)
     inner = frames[0]
+    in_setup = any(f[0].endswith(os.path.join("parlab", "_worker.py")) and f[2] == "_prepare_rank"
+                   for f in frames)
+    importing = any(f[0].startswith("<frozen importlib") for f in frames)
+    if user is None and (in_setup or importing):
+        return STARTING_UP
     if user is None:
         return f"in {inner[2]} ({_short(inner[0])}:{inner[1]})"
     if user == inner:

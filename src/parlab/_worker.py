@@ -32,19 +32,6 @@ def _route_output(job: str, rank: int) -> None:
     sys.stderr.reconfigure(line_buffering=True)
 
 
-def _to_cpu(obj):
-    """Detach tensors and bring them to the CPU, so results unpickle anywhere."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-        return type(obj)(_to_cpu(x) for x in obj)
-    if type(obj) is dict:
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
 def _format_error(exc: BaseException, labels: dict) -> str:
     import traceback
 
@@ -64,12 +51,18 @@ def _tasks_file() -> str:
 
 
 def _report_error(job: str, rank: int, exc: BaseException, labels: dict, kind: str) -> None:
+    def safe(describe):
+        try:
+            return describe()
+        except Exception:  # noqa: BLE001 - an exception whose __str__ itself fails
+            return f"<{type(exc).__name__} that cannot be printed>"
+
     record = {
         "rank": rank,
         "kind": kind,
         "exc_type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": _format_error(exc, labels),
+        "message": safe(lambda: str(exc)),
+        "traceback": safe(lambda: _format_error(exc, labels)),
         "time": time.time(),
     }
     _atomic_write(f"{job}/error.{rank}", pickle.dumps(record))
@@ -142,14 +135,19 @@ def main() -> None:
 
     try:
         result = task()
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _report_error(job, rank, exc, labels, "raised")
+            _wait_to_be_ended()
+        result = None  # sys.exit() / sys.exit(0): a normal end, as under torchrun
     except BaseException as exc:  # noqa: BLE001
         _report_error(job, rank, exc, labels, "raised")
         _wait_to_be_ended()
 
-    import cloudpickle
+    from parlab._pickling import dumps_result
 
     try:
-        data = cloudpickle.dumps(_to_cpu(result))
+        data = dumps_result(result)
     except Exception as exc:  # noqa: BLE001
         exc = TypeError(
             f"rank {rank} returned a {type(result).__name__!r} that cannot be pickled, so it "

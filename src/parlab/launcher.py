@@ -8,6 +8,7 @@ interrupt), every process it started is ended by pid and its files removed.
 """
 from __future__ import annotations
 
+import operator
 import os
 import pickle
 import secrets
@@ -30,6 +31,7 @@ from .errors import LaunchError, LaunchTimeout, WorkerError
 DEFAULT_TIMEOUT = 120.0
 BACKENDS = ("gloo", "nccl", "mpi")
 _POLL = 0.05
+_NOT_STARTED = "not started yet (still importing) or not responding"
 
 
 def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, env=None,
@@ -104,8 +106,12 @@ def choose_backend(nproc, backend):
     if nproc is None:
         gpus = _visible_gpus()
         nproc = gpus or 2
-    if isinstance(nproc, bool) or not isinstance(nproc, int):
-        raise TypeError(f"nproc must be a whole number of ranks, got {nproc!r}")
+    try:
+        if isinstance(nproc, bool):
+            raise TypeError
+        nproc = operator.index(nproc)  # accepts numpy integers too
+    except TypeError:
+        raise TypeError(f"nproc must be a whole number of ranks, got {nproc!r}") from None
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     if backend is None:
@@ -133,10 +139,18 @@ def choose_backend(nproc, backend):
 
 
 def _check_timeout(timeout) -> float:
+    import math
+
+    source = "timeout"
     if timeout is None:
-        return float(os.environ.get("PARLAB_TIMEOUT", DEFAULT_TIMEOUT))
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        source, timeout = "PARLAB_TIMEOUT", os.environ.get("PARLAB_TIMEOUT", DEFAULT_TIMEOUT)
+        try:
+            timeout = float(timeout)
+        except ValueError:
+            pass
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+            or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"{source} must be a positive, finite number of seconds, got {timeout!r}")
     return float(timeout)
 
 
@@ -205,8 +219,27 @@ def _notebook_sources() -> tuple[dict, dict]:
 # --------------------------------------------------------------------------- jobs
 
 
+#: Every process of a launch inherits this variable, set to the launch's folder.
+JOB_ENV = "PARLAB_JOB_DIR"
+
+
 def _jobs_root() -> str:
     return os.path.join(tempfile.gettempdir(), f"parlab-{os.getuid()}")
+
+
+def _private_jobs_root() -> str:
+    """The per-user folder for launches, refusing one that another user could tamper with."""
+    root = _jobs_root()
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    st = os.lstat(root)
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise LaunchError(f"{root} is not a folder owned by you (uid {os.getuid()}); someone else may "
+                          "have created it. Remove it, or set TMPDIR to a private folder, then retry.")
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(root, 0o700)
+    return root
 
 
 def sweep_stale_jobs() -> int:
@@ -219,13 +252,14 @@ def sweep_stale_jobs() -> int:
         return 0
     for name in names:
         parts = name.split("-")
-        if len(parts) != 4 or parts[0] != "job":
-            continue
+        if len(parts) != 4 or parts[0] != "job" or not parts[1].isdigit():
+            continue  # not ours: leave it alone
         owner, token = int(parts[1]), parts[2]
-        if _procs.same_process(owner, None if token == "None" else token):
+        if _procs.maybe_same_process(owner, None if token == "None" else token):
             continue
         path = os.path.join(root, name)
-        _procs.end_processes(_read_pids(path).values(), grace=0.5)
+        survivors = set(_read_pids(path).values()) | set(_procs.processes_with_env(JOB_ENV, path))
+        _procs.end_processes(list(survivors), grace=0.5)
         shutil.rmtree(path, ignore_errors=True)
         removed += 1
     return removed
@@ -264,8 +298,8 @@ class _Job:
         __tracebackhide__ = True  # IPython hides launcher frames
         for attempt in (1, 2):
             sweep_stale_jobs()
-            self._start()
             try:
+                self._start()
                 return self._wait()
             except _TransientStartFailure as failure:
                 if attempt == 2:
@@ -282,9 +316,10 @@ class _Job:
         raise AssertionError("unreachable")
 
     def _start(self) -> None:
-        os.makedirs(_jobs_root(), mode=0o700, exist_ok=True)
+        self.agent, self.dir = None, None
+        root = _private_jobs_root()
         me = os.getpid()
-        self.dir = tempfile.mkdtemp(prefix=f"job-{me}-{_procs.start_time(me)}-", dir=_jobs_root())
+        self.dir = tempfile.mkdtemp(prefix=f"job-{me}-{_procs.start_time(me)}-", dir=root)
         os.makedirs(os.path.join(self.dir, "tmp"))
         with open(os.path.join(self.dir, "task.pkl"), "wb") as f:
             f.write(self.task_bytes)
@@ -319,15 +354,16 @@ class _Job:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = threads
         else:
             env.setdefault("OMP_NUM_THREADS", threads)
-        env.update(
-            PARLAB_KERNEL_PID=str(os.getpid()),
-            PYTHONUNBUFFERED="1",
-            TMPDIR=os.path.join(self.dir, "tmp"),  # torchrun's torchelastic_* folder lands here
-        )
-        env.pop("PARLAB_AGENT_PID", None)
         if self.debug:
             env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         env.update(self.extra_env)
+        env.pop("PARLAB_AGENT_PID", None)
+        env.update({  # the launcher's own bookkeeping: env= cannot override these
+            "PARLAB_KERNEL_PID": str(os.getpid()),
+            JOB_ENV: self.dir,
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": os.path.join(self.dir, "tmp"),  # torchrun's torchelastic_* folder lands here
+        })
         return env
 
     def _end(self) -> None:
@@ -349,10 +385,11 @@ class _Job:
 
     def _end_processes(self) -> None:
         if self.agent is not None:
-            procs = list(_read_pids(self.dir).values())
+            procs = set(_read_pids(self.dir).values())
             if self.agent.poll() is None:
-                procs.append((self.agent.pid, self.agent_token))
-            _procs.end_processes(procs)
+                procs.add((self.agent.pid, self.agent_token))
+            procs |= set(_procs.processes_with_env(JOB_ENV, self.dir))  # e.g. a rank's children
+            _procs.end_processes(list(procs))
             try:
                 self.agent.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -391,11 +428,19 @@ class _Job:
     def _wait(self) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
         while True:
+            if not os.path.isdir(self.dir):
+                raise LaunchError(f"the launch's folder {self.dir} was removed while it ran (by another "
+                                  "program cleaning the temporary folder?); run the cell again.")
             self._pump()
+            code = self.agent.poll()
+            if code is not None and code < 0:  # torchrun itself was killed: its ranks follow it
+                return self._after_exit(code)
+            dead = self._dead_ranks()
             errors = self._errors()
+            if dead:
+                return self._died(dead, errors)
             if errors:
                 return self._fail(errors)
-            code = self.agent.poll()
             if code is not None:
                 return self._after_exit(code)
             if time.monotonic() > self.deadline:
@@ -411,16 +456,68 @@ class _Job:
         missing = self._unfinished()
         if code == 0 and not missing:
             return [self._load_result(r) for r in range(self.nproc)]
-        with open(os.path.join(self.dir, "agent.log"), "rb") as f:
-            log = f.read().decode("utf-8", "replace").splitlines()[-25:]
+        dead = self._dead_ranks() if code >= 0 else []
+        if dead:
+            return self._died(dead, {})
         if code < 0:
-            how = f"torchrun (pid {self.agent.pid}) was killed by signal {-code}"
-        else:
-            how = f"torchrun exited with code {code}"
+            raise LaunchError(f"torchrun (pid {self.agent.pid}) was killed by signal {-code} "
+                              f"({_describe_exit(code)[1]}) while rank(s) {missing} were running; they "
+                              "were stopped with it. Run the cell again.")
+        log = self._agent_log().splitlines()[-25:]
         who = f"rank(s) {missing} never finished" if missing else "every rank finished"
-        raise LaunchError(f"{how} and {who}; no rank reported a Python error, so a rank probably "
-                          "crashed (segfault, out of memory) or was killed. Each rank's stderr is shown "
-                          "above. torchrun's last lines:\n" + "\n".join(log))
+        raise LaunchError(f"torchrun exited with code {code} and {who}, but no rank reported an error "
+                          "or died. torchrun's last lines:\n" + "\n".join(log))
+
+    def _agent_log(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "agent.log"), "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def _dead_ranks(self) -> list[int]:
+        """Ranks whose process ended without a result or an error report: crashed or exited."""
+        return sorted(r for r, p in _read_pids(self.dir).items()
+                      if not self._finished(r) and not _procs.same_process(*p))
+
+    def _died(self, dead: list[int], errors: dict) -> list:
+        __tracebackhide__ = True  # IPython hides launcher frames
+        stacks = self._collect_stacks([r for r in self._unfinished() if r not in dead])
+        try:  # torchrun notices within a moment and writes each rank's exit status
+            self.agent.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            pass
+        codes = _exit_codes(self._agent_log())
+        r = next((d for d in dead if d in codes), dead[0])
+        how, exc_type = _describe_exit(codes.get(r))
+        self._pump(final=True)
+        tail = self._stderr_tail(r)
+        others = {k: v for k, v in self._status(stacks, errors).items() if k != r}
+        for k in dead:
+            if k != r:
+                others[k] = "died too (" + _describe_exit(codes.get(k))[0] + ")"
+        lines = [f"rank {r} died without raising a Python exception: {how}.",
+                 ("Where it crashed:" if tail.startswith("Fatal Python error") else "Its last lines of stderr:")
+                 if tail else "It printed nothing to stderr.", tail]
+        if others:
+            lines += ["", "The other ranks:"] + [f"  rank {k}: {v}" for k, v in sorted(others.items())]
+        raise WorkerError("\n".join(x for x in lines if x is not None).rstrip(), rank=r,
+                          remote_traceback=tail, exc_type=exc_type,
+                          stacks={k: _stacks.format_dump(v, self.labels) for k, v in stacks.items()},
+                          failures={k: f"{e['exc_type']}: {e['message']}" for k, e in errors.items()})
+
+    def _stderr_tail(self, r: int, lines: int = 15) -> str:
+        try:
+            with open(self._path("err", r), "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        crash = text.rfind("Fatal Python error")
+        if crash >= 0:  # faulthandler's report: the error line and the task's stack
+            dump = text[crash:]
+            return dump.splitlines()[0] + "\n" + _stacks.format_dump(dump, self.labels)
+        return "\n".join(text.splitlines()[-lines:])
 
     def _load_result(self, r: int):
         with open(self._path("result", r), "rb") as f:
@@ -459,13 +556,15 @@ class _Job:
         status = {}
         for r in range(self.nproc):
             if r in errors:
-                status[r] = f"raised {errors[r]['exc_type']}"
+                first_line = (errors[r]["message"].splitlines() or [""])[0]
+                short = first_line if len(first_line) <= 100 else first_line[:97] + "..."
+                status[r] = f"raised {errors[r]['exc_type']}" + (f": {short}" if short else "")
             elif os.path.exists(self._path("result", r)):
                 status[r] = "returned"
             elif r in stacks:
                 status[r] = _stacks.where(_stacks.main_thread_frames(stacks[r]), self.labels)
             else:
-                status[r] = "not started yet (still importing) or not responding"
+                status[r] = _NOT_STARTED
         return status
 
     def _status_lines(self, stacks: dict, errors: dict | None = None) -> str:
@@ -501,6 +600,11 @@ class _Job:
         status = self._status(stacks, self._errors())
         lines = [f"the launch did not finish within {self.timeout:g} s. Where each rank was:"]
         lines += [f"  rank {r}: {text}" for r, text in status.items()]
+        starting = [r for r, v in status.items() if v in (_stacks.STARTING_UP, _NOT_STARTED)]
+        if starting and len(starting) == len(self._unfinished()):
+            lines += ["", f"The ranks had not finished starting: a cold start takes about 4-10 s, more "
+                          f"when many launches share the CPU cores. Raise timeout= (it was {self.timeout:g} s)."]
+            raise LaunchTimeout("\n".join(lines), timeout=self.timeout, stacks={}, status=status)
         if any(v == "returned" for v in status.values()):
             lines += ["", "Some ranks returned while others wait: the ranks probably disagree about "
                           "which collectives to call (a collective inside `if rank == ...`, or a "
@@ -511,6 +615,34 @@ class _Job:
         raise LaunchTimeout("\n".join(lines), timeout=self.timeout,
                             stacks={r: _stacks.format_dump(d, self.labels) for r, d in stacks.items()},
                             status=status)
+
+
+def _exit_codes(agent_log: str) -> dict:
+    """rank -> exit code from torchrun's failure summary (negative: killed by that signal)."""
+    import re
+
+    pattern = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+    return {int(rank): int(code) for rank, code in pattern.findall(agent_log)}
+
+
+def _describe_exit(code) -> tuple[str, str]:
+    """(sentence, short name) for a rank's exit status."""
+    import signal
+
+    if code is None:
+        return "its exit status is unknown", "died"
+    if code >= 0:
+        return f"it exited with code {code} (os._exit or sys.exit outside Python's error handling)", \
+            f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    why = {"SIGSEGV": "a crash in C/C++ code, e.g. a bad pointer or tensor access",
+           "SIGKILL": "often the out-of-memory killer",
+           "SIGABRT": "an abort inside a library, e.g. gloo on mismatched message sizes",
+           "SIGBUS": "a crash in C/C++ code"}.get(name, "")
+    return f"it was killed by {name}" + (f" ({why})" if why else ""), name
 
 
 class _TransientStartFailure(Exception):
@@ -544,7 +676,9 @@ def _hint(error: dict, debug: bool) -> str:
     if "default process group twice" in text:
         return ("Hint: parlab.launch has already set up the process group on every rank; remove "
                 "init_process_group (and destroy_process_group) from the function.")
-    if "Connection closed by peer" in text:
+    if "EOFError" in error["exc_type"] and "input" in error["traceback"]:
+        return "Hint: ranks have no keyboard: input() cannot work there. Pass values as arguments."
+    if "Connection closed by peer" in text or "Connection reset by peer" in text:
         return ("Hint: another rank left (it returned or crashed) while this rank waited for it in a "
                 "collective: every rank must call the same collectives in the same order.")
     if error["kind"] == "setup" and "No module named" in text:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import re
 import shlex
 import sys
 
@@ -45,7 +46,10 @@ def parse_line(line: str) -> dict:
 def names_used(source: str) -> set[str]:
     """Every name the cell reads (we send only those notebook variables)."""
     tree = ast.parse(source)
-    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+_IPYTHON_HISTORY = re.compile(r"^(_+|_i+|_i\d+|_\d+|_oh|_ih|_dh)$")
 
 
 _PROVIDED = {"rank", "world_size", "device", "torch", "dist", "parlab", "In", "Out", "exit", "quit",
@@ -53,28 +57,30 @@ _PROVIDED = {"rank", "world_size", "device", "torch", "dist", "parlab", "In", "O
 
 
 def torchrun(line: str, cell: str, ipython=None):
+    __tracebackhide__ = True  # IPython hides the magic's own frames
     opts = parse_line(line)
-    try:
-        wanted = names_used(cell)
-    except SyntaxError as exc:
-        raise SyntaxError(f"%%torchrun: the cell is not valid Python: {exc}") from None
+    count = _current_cell_number(ipython)
+    filename = f"<torchrun-cell-{count}>"
+    compile(cell, filename, "exec")  # a SyntaxError here points at the cell's own line
+    wanted = names_used(cell)
     user_ns = ipython.user_ns if ipython is not None else {}
     names, skipped = {}, []
     from . import _pickling
 
     for name in sorted(wanted - _PROVIDED):
-        if name in user_ns and not hasattr(builtins, name) and not name.startswith("_"):
-            try:
-                _pickling.dumps(user_ns[name])
-            except Exception as exc:  # noqa: BLE001
-                skipped.append(f"{name} ({type(exc).__name__})")
-                continue
-            names[name] = user_ns[name]
+        if name not in user_ns or user_ns[name] is getattr(builtins, name, object()):
+            continue
+        if _IPYTHON_HISTORY.match(name):
+            continue  # _, __, _i3, _oh...: IPython's own bookkeeping
+        try:
+            _pickling.dumps(user_ns[name])
+        except Exception as exc:  # noqa: BLE001
+            skipped.append(f"{name} ({type(exc).__name__})")
+            continue
+        names[name] = user_ns[name]
     if skipped:
         print("%%torchrun: these notebook variables cannot be sent to the ranks and will be undefined "
               f"there: {', '.join(skipped)}", file=sys.stderr)
-    count = _current_cell_number(ipython)
-    filename = f"<torchrun-cell-{count}>"
     tree = ast.parse(cell)
     has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
     results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
@@ -93,6 +99,7 @@ def _current_cell_number(ipython):
 
 def register(ipython) -> None:
     def magic(line, cell):
+        __tracebackhide__ = True
         return torchrun(line, cell, ipython)
 
     magic.__doc__ = __doc__
