@@ -215,6 +215,16 @@ def test_messages_name_step_rank_and_case(visible):
     assert "step 1" in msg and "rank 0" in msg and "world_size 2" in msg, msg
 
 
+def test_copy_back_mistakes_get_the_copy_hint(visible):
+    """A bucket reduced in a torch.cat copy must reach p.grad, after the wait."""
+    # (Copying back *before* work.wait() is the same mistake, but whether it shows
+    # depends on timing, so it is not a fixture: a test must not be flaky.)
+    for name in ("BucketsNoCopyBack",):
+        msg = visible[("bucketed", name)]
+        assert msg is not None, f"{name} passed the visible bucketed check"
+        assert "copy the bucket back into each p.grad after work.wait()" in msg, msg
+
+
 # ---------------------------------------------------------------- bucket rule
 
 def test_bucket_plan_rule():

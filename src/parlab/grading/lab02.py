@@ -556,7 +556,14 @@ def _hints(exercise: str, case: Case, n: int, ref) -> Callable:
             if exercise in ("ddp", "train"):
                 return ("the ranks used different gradients: were they synchronised (all-reduced)"
                         " at all?")
-            return "the ranks used different gradients: some were never all-reduced."
+            missing = "the ranks used different gradients: some were never all-reduced"
+            if exercise == "bucketed":
+                return (missing + ", or the reduced values never reached p.grad: torch.cat makes "
+                        "a copy, so copy the bucket back into each p.grad after work.wait().")
+            if exercise == "allreduce":
+                return (missing + ", or the reduced values never reached p.grad: torch.cat makes "
+                        "a copy, so copy the result back into each p.grad.")
+            return missing + "."
         if s == 0 and exercise in ("ddp", "train"):
             return ("the ranks start from different random weights: only rank 0's initial "
                     "parameters are the reference, so they must be broadcast first.")
