@@ -33,15 +33,10 @@ class Bucketed:
     """Reference bucketed DP: the rule of parlab.grading.lab02.bucket_plan."""
 
     def __init__(self, model, bucket_bytes):
-        self.buckets, cur, size = [], [], 0
-        for p in reversed([p for p in model.parameters() if p.requires_grad]):
-            cur.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(cur)
-                cur, size = [], 0
-        if cur:
-            self.buckets.append(cur)
+        from parlab.grading.lab02 import bucket_plan
+
+        named = dict(model.named_parameters())
+        self.buckets = [[named[n] for n in names] for names in bucket_plan(model, bucket_bytes)]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b}
         for p in self.bucket_of:
             p.register_post_accumulate_grad_hook(self._ready)
