@@ -43,9 +43,8 @@ def parse_line(line: str) -> dict:
     return vars(opts)
 
 
-def names_used(source: str) -> set[str]:
+def names_used(tree: ast.AST) -> set[str]:
     """Every name the cell reads (we send only those notebook variables)."""
-    tree = ast.parse(source)
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
 
 
@@ -61,8 +60,9 @@ def torchrun(line: str, cell: str, ipython=None):
     opts = parse_line(line)
     count = _current_cell_number(ipython)
     filename = f"<torchrun-cell-{count}>"
-    compile(cell, filename, "exec")  # a SyntaxError here points at the cell's own line
-    wanted = names_used(cell)
+    # One parse; a SyntaxError here points at the cell's own line.
+    tree = compile(cell, filename, "exec", ast.PyCF_ONLY_AST)
+    wanted = names_used(tree)
     user_ns = ipython.user_ns if ipython is not None else {}
     names, skipped = {}, []
     from . import _pickling
@@ -81,7 +81,6 @@ def torchrun(line: str, cell: str, ipython=None):
     if skipped:
         print("%%torchrun: these notebook variables cannot be sent to the ranks and will be undefined "
               f"there: {', '.join(skipped)}", file=sys.stderr)
-    tree = ast.parse(cell)
     has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
     results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
                     debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
