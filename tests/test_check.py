@@ -8,7 +8,7 @@ from torch import nn
 
 from parlab import check
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 def fails(fn, *args, **kwargs) -> str:

@@ -5,7 +5,7 @@ from torch import nn
 
 from parlab import cost
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 GB = 1e9
 
 

@@ -5,7 +5,7 @@ import torch
 from parlab.data import (corpus_path, decode, encode, generate_corpus, get_batch,
                          load_corpus, microbatches, rank_slice, shard_batch)
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
 @pytest.mark.parametrize("text", ["hello, world\n", "naïve café — 東京 ✓", ""])

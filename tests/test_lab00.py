@@ -13,7 +13,7 @@ import parlab
 from parlab.grading import lab00
 from wrong_answers import lab00 as wrong
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 
 SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "00-setup" / "00-setup.ipynb"
 NUMERIC = ["weight_bytes", "training_state_bytes", "gpus_to_hold_state", "days_to_train"]

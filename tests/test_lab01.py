@@ -17,7 +17,7 @@ import torch.distributed as dist
 from parlab.grading import lab01
 from wrong_answers import lab01 as wrong
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
 
 # ---------------------------------------------------------------- correct answers

@@ -18,7 +18,7 @@ from parlab.grading import lab02
 from parlab.models import lm_loss
 from wrong_answers import lab02 as wrong
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 
 
 # ---------------------------------------------------------------- correct answers

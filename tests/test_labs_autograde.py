@@ -12,7 +12,7 @@ import pytest
 
 from nbgrader_harness import RELEASED, autograde, lab_names, leftover_processes, source_notebook
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(900)]
 
 #: A blank lab must fail fast: no cell may get near nbgrader's cell timeout.
 BLANK_SECONDS = 240

@@ -23,7 +23,7 @@ import pytest
 
 from nbgrader_harness import REPO, lab_names, release_script, source_notebook
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(120)]
 
 LABS = lab_names()
 IGNORED_NAMES = (".ipynb_checkpoints", "__pycache__")  # local Jupyter/Python litter, git-ignored

@@ -19,7 +19,7 @@ import parlab
 from parlab import launcher
 from parlab._procs import alive
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
 
 # ----------------------------------------------------------------- rank functions

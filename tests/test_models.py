@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from parlab.data import get_batch
 from parlab.models import GPT, GPTConfig, build, lm_loss, logits_of, tiny_gpt
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 NAMES = ["gpt", "llama", "gpt2"]
 

@@ -3,7 +3,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(300)]
 
 CELLS = [
     "import parlab, torch, torch.distributed as dist",

@@ -6,7 +6,7 @@ import pytest
 
 import parlab
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 def test_import_parlab_does_not_import_torch():

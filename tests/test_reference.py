@@ -6,7 +6,7 @@ from parlab.data import get_batch
 from parlab.models import build, lm_loss, tiny_gpt
 from parlab.reference import reference_steps
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 def _equal(a, b):

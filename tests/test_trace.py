@@ -14,7 +14,7 @@ from torch import nn
 import parlab
 from parlab import cost, trace
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(180)]
 F32 = 4  # bytes per float32 element
 K = 3  # elements per rank in the collective checks
 

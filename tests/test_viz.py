@@ -15,7 +15,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from parlab import viz  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 
 def layout_problems(fig: Figure) -> list[str]:

@@ -1,0 +1,77 @@
+"""Test tiers.
+
+Every test belongs to exactly one tier, cheapest first:
+
+- ``unit``      pure Python, no processes started
+- ``ranks``     multi-rank launches on gloo (CPU)
+- ``nbgrader``  release and autograde of whole notebooks
+- ``gpu``       needs CUDA; skipped here with the reason when there is none
+- ``browser``   JupyterLab driven by Chromium; skipped when no browser is installed
+
+``make test`` runs every tier the machine can run; ``pytest -m ranks`` (or
+``make test PYTEST_ARGS="-m unit"``) runs one.  A module names its tier with
+``pytestmark = pytest.mark.<tier>`` (or a list holding it); a test module
+without one fails collection, so no test silently lands in no tier.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+TIERS = ("unit", "ranks", "nbgrader", "gpu", "browser")
+
+
+def pytest_configure(config):
+    descriptions = {
+        "unit": "no processes started",
+        "ranks": "multi-rank launches on gloo",
+        "nbgrader": "nbgrader release and autograde",
+        "gpu": "needs CUDA (skipped without it)",
+        "browser": "real Chromium driving JupyterLab (skipped without it)",
+    }
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: {descriptions[tier]}")
+
+
+def _cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device visible (torch.cuda.is_available() is False)"
+    return None
+
+
+def browser_executable() -> str | None:
+    """The Chromium binary the browser tier drives, or None."""
+    for candidate in (os.environ.get("PARLAB_CHROMIUM"), "chromium", "chromium-browser",
+                      "google-chrome"):
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    return None
+
+
+def _browser_reason() -> str | None:
+    if browser_executable() is None:
+        return "no Chromium found (apt-get install chromium, or set PARLAB_CHROMIUM)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "playwright is not installed (pip install playwright)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    untiered = sorted({item.nodeid.split("::")[0] for item in items
+                       if not any(item.get_closest_marker(t) for t in TIERS)})
+    if untiered:
+        raise pytest.UsageError("test modules without a tier marker (pytestmark = "
+                                f"pytest.mark.<{'|'.join(TIERS)}>): {', '.join(untiered)}")
+    reasons = {"gpu": _cuda_reason(), "browser": _browser_reason()}
+    for item in items:
+        for tier, reason in reasons.items():
+            if reason and item.get_closest_marker(tier):
+                item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reason}"))
