@@ -15,6 +15,9 @@ ranks that never synchronised).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,6 +27,12 @@ from torch import Tensor, nn
 
 __all__ = [
     "tolerances",
+    "judged_on",
+    "close_mask",
+    "grad_scale",
+    "ranks_phrase",
+    "same_values",
+    "named_differ",
     "assert_close",
     "assert_params_match",
     "assert_grads_match",
@@ -76,11 +85,88 @@ def tolerances(dtype: torch.dtype, backend: str = "gloo") -> tuple[float, float]
     return rtol * factor, atol * factor
 
 
+#: The backend whose tolerances apply to the comparison in progress.  Set by
+#: the ``backend=`` keyword of every public ``assert_*`` (and by
+#: ``judged_on``), read by ``_default_tols``: answers computed on NCCL are
+#: judged with NCCL's room for reduction noise, answers on gloo with gloo's.
+_BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("parlab_check_backend", default="gloo")
+
+
+@contextlib.contextmanager
+def judged_on(backend: str | None):
+    """Within the block, default tolerances are those of ``backend`` (None: unchanged)."""
+    if backend is None:
+        yield
+        return
+    tolerances(torch.float32, backend)  # refuse an unknown backend here, not deep inside
+    token = _BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def _backend_aware(fn):
+    """Give a public assertion a ``backend=`` keyword that selects its default tolerances."""
+    @functools.wraps(fn)
+    def wrapper(*args, backend: str | None = None, **kwargs):
+        with judged_on(backend):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 def _default_tols(a: torch.dtype, b: torch.dtype, rtol, atol) -> tuple[float, float]:
-    """Fill in missing tolerances from the less precise of the two dtypes."""
-    ra, aa = tolerances(a)
-    rb, ab = tolerances(b)
+    """Fill in missing tolerances from the less precise of the two dtypes, for the current backend."""
+    backend = _BACKEND.get()
+    ra, aa = tolerances(a, backend)
+    rb, ab = tolerances(b, backend)
     return (max(ra, rb) if rtol is None else rtol, max(aa, ab) if atol is None else atol)
+
+
+def close_mask(got: Tensor, expected: Tensor, rtol: float | None = None,
+               atol: float | None = None) -> Tensor:
+    """Boolean tensor: True where ``got`` is within tolerance of ``expected`` (same shape)."""
+    rtol, atol = _default_tols(got.dtype, expected.dtype, rtol, atol)
+    return ~_bad_mask(got, expected, rtol, atol)
+
+
+def same_values(got: Any, expected: Any) -> bool:
+    """True when ``got`` is a tensor of ``expected``'s shape, float-ness and values.
+
+    Never raises: None, a list or a wrong shape simply compare unequal, so a
+    hint that calls it cannot crash on a student's odd result.
+    """
+    return (isinstance(got, Tensor) and isinstance(expected, Tensor)
+            and got.shape == expected.shape
+            and got.dtype.is_floating_point == expected.dtype.is_floating_point
+            and bool(close_mask(got, expected).all()))
+
+
+def named_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """True when some name in both mappings holds different values (None vs tensor differs)."""
+    return any(not same_values(a[k], b[k]) for k in b if k in a and b[k] is not None)
+
+
+def grad_scale(got: Mapping[str, Any], expected: Mapping[str, Any]) -> float | None:
+    """The one factor r with got ≈ r·expected over every gradient both hold, or None.
+
+    Recognises "summed instead of averaged" (r = world size) and friends.
+    Entries that are None or not tensors of the expected shape are ignored;
+    returns None when nothing is left or no single factor fits.
+    """
+    names = [k for k, e in expected.items() if isinstance(e, Tensor) and
+             isinstance(got.get(k), Tensor) and got[k].shape == e.shape]
+    if not names:
+        return None
+    g = torch.cat([got[k].reshape(-1).double() for k in names])
+    e = torch.cat([expected[k].reshape(-1).double() for k in names])
+    norm = float(e @ e)
+    if norm == 0.0:
+        return None
+    r = float(g @ e) / norm
+    if not bool((g - r * e).abs().max() <= 1e-4 * e.abs().max()):
+        return None
+    return r
 
 
 # --------------------------------------------------------------------------
@@ -91,7 +177,7 @@ def _who(rank: int | None) -> str:
     return "" if rank is None else f"rank {rank}: "
 
 
-def _ranks_phrase(ranks: Sequence[int]) -> str:
+def ranks_phrase(ranks: Sequence[int]) -> str:
     """[1] -> 'rank 1', [1, 3] -> 'ranks 1 and 3', [1, 2, 3] -> 'ranks 1, 2 and 3'."""
     r = [str(x) for x in ranks]
     if len(r) == 1:
@@ -269,6 +355,7 @@ def _mismatch(got: Any, expected: Any, name: str, rank: int | None, rtol, atol, 
     return _value_message(g, e, bad, name, rank, ref, rtol, atol, what, world_size)
 
 
+@_backend_aware
 def assert_close(got: Any, expected: Any, name: str = "tensor", rank: int | None = None,
                  rtol: float | None = None, atol: float | None = None, *,
                  exact_dtype: bool = False) -> None:
@@ -344,6 +431,7 @@ def _match_named(got: Any, expected: Any, rank, what: str, rtol, atol,
             f"({_names_phrase(names)}). First: {failures[0][1]}")
 
 
+@_backend_aware
 def assert_params_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping[str, Tensor] | nn.Module,
                         rank: int | None = None, what: str = "parameter",
                         rtol: float | None = None, atol: float | None = None) -> None:
@@ -355,6 +443,7 @@ def assert_params_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping
     _match_named(got, expected, rank, what, rtol, atol)
 
 
+@_backend_aware
 def assert_grads_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping[str, Tensor] | nn.Module,
                        rank: int | None = None, world_size: int | None = None,
                        rtol: float | None = None, atol: float | None = None) -> None:
@@ -375,6 +464,7 @@ _SYNC_HINT = ("did every rank start from rank 0's parameters (broadcast), and di
               "rank apply the same averaged gradients?")
 
 
+@_backend_aware
 def assert_same_across_ranks(per_rank: Sequence[Any], name: str = "tensor",
                              rtol: float | None = None, atol: float | None = None, *,
                              exact: bool = False, hint: str = _SYNC_HINT) -> None:
@@ -405,7 +495,7 @@ def assert_same_across_ranks(per_rank: Sequence[Any], name: str = "tensor",
     if details:
         bad = sorted(details)
         verb = "differs" if len(bad) == 1 else "differ"
-        raise AssertionError(f"{_ranks_phrase(bad)} {verb} from rank 0 in '{name}': {hint}\n"
+        raise AssertionError(f"{ranks_phrase(bad)} {verb} from rank 0 in '{name}': {hint}\n"
                              f"First difference: {details[bad[0]]}")
 
 
@@ -436,6 +526,7 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:r]) for r in range(len(sizes))]
 
 
+@_backend_aware
 def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 0,
                              name: str = "tensor", *, padded: bool = False, balanced: bool = True,
                              world_size: int | None = None,
@@ -477,7 +568,7 @@ def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 
         if wrong:
             raise AssertionError(
                 f"padded shards of '{name}' must all have ceil({length}/{n}) = {c} {unit}; "
-                f"{_ranks_phrase(wrong)} {'has' if len(wrong) == 1 else 'have'} "
+                f"{ranks_phrase(wrong)} {'has' if len(wrong) == 1 else 'have'} "
                 f"{', '.join(str(sizes[r]) for r in wrong)}")
         offsets = [r * c for r in range(n)]
         real = [max(0, min(c, length - r * c)) for r in range(n)]
@@ -496,7 +587,7 @@ def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 
             failures.append((r, msg))
     if failures:
         raise AssertionError(f"shards of '{name}' do not reassemble into the full tensor on "
-                             f"{_ranks_phrase([r for r, _ in failures])}. First: {failures[0][1]}")
+                             f"{ranks_phrase([r for r, _ in failures])}. First: {failures[0][1]}")
 
 
 def _locate(part: Tensor, full: Tensor, dim: int, rtol, atol) -> int | None:
@@ -551,6 +642,7 @@ def _shard_message(part, full, r, dim, offset, rows, name, unit, rtol, atol) -> 
 # Collectives (lab 01)
 # --------------------------------------------------------------------------
 
+@_backend_aware
 def assert_collective_result(per_rank_results: Sequence[Any], expected_per_rank: Sequence[Any] | Tensor,
                              op_name: str = "the collective",
                              rtol: float | None = None, atol: float | None = None) -> None:
@@ -584,7 +676,7 @@ def assert_collective_result(per_rank_results: Sequence[Any], expected_per_rank:
     if failures:
         bad = sorted(failures)
         hint = failures[bad[0]][1]
-        raise AssertionError(f"{op_name} gave wrong results on {_ranks_phrase(bad)}:\n  "
+        raise AssertionError(f"{op_name} gave wrong results on {ranks_phrase(bad)}:\n  "
                              + "\n  ".join(failures[r][0] for r in bad) + hint)
 
 
