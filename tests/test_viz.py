@@ -91,7 +91,7 @@ def test_draw_into_own_axes():
     fig = Figure(figsize=(12, 4), layout="constrained")
     a, b = fig.subplots(1, 2)
     assert viz.collective_diagram("all_gather", 2, ax=a) is fig
-    assert viz.mesh_picture(1, 2, 2, ax=b) is fig
+    assert viz.mesh_picture(dp=2, tp=2, gpus_per_node=2, ax=b) is fig
     fig.savefig(io.BytesIO(), format="png")
 
 
@@ -232,38 +232,125 @@ def test_bandwidth_curves_bad_input():
 
 # ---------------------------------------------------------------- mesh
 
-@pytest.mark.parametrize("pp,tp,dp,highlight", [(2, 2, 2, "tp"), (2, 2, 4, "dp"), (4, 2, 2, "pp"),
-                                                 (1, 1, 1, None), (1, 8, 8, "dp"), (3, 1, 2, "pp")])
-def test_mesh_picture_layout(pp, tp, dp, highlight):
-    fig = viz.mesh_picture(pp, tp, dp, highlight=highlight)
+@pytest.mark.parametrize("pp,dp,tp,highlight,gpus_per_node", [
+    (2, 2, 2, "tp", None), (2, 4, 2, "dp", 4), (4, 2, 2, "pp", None), (1, 1, 1, None, None),
+    (1, 8, 8, "dp", 8), (3, 2, 1, "pp", None), (1, 2, 8, "tp", 8), (1, 4, 3, "tp", 8)])
+def test_mesh_picture_layout(pp, dp, tp, highlight, gpus_per_node):
+    fig = viz.mesh_picture(pp=pp, dp=dp, tp=tp, highlight=highlight, gpus_per_node=gpus_per_node)
     assert layout_problems(fig) == []
     labels = texts_of(fig)
-    for rank in range(pp * tp * dp):  # every rank once, next to its (p, t, d)
+    for rank in range(pp * dp * tp):  # every rank once, next to its (p, d, t): TP innermost
         assert labels.count(str(rank)) == 1
         i = labels.index(str(rank))
-        p, t, d = rank // (tp * dp), rank // dp % tp, rank % dp
-        assert labels[i + 1] == f"({p},{t},{d})"
+        p, d, t = rank // (dp * tp), rank // tp % dp, rank % tp
+        assert labels[i + 1] == f"({p},{d},{t})"
 
 
 def test_mesh_picture_groups():
     import torch
 
-    mesh = torch.arange(8).view(2, 2, 2)
-    for axis, dim in (("tp", 1), ("dp", 2), ("pp", 0)):
-        fig = viz.mesh_picture(2, 2, 2, highlight=axis)
+    mesh = torch.arange(8).view(2, 2, 2)  # (pp, dp, tp), as init_device_mesh lays it out
+    for axis, dim in (("pp", 0), ("dp", 1), ("tp", 2)):
+        fig = viz.mesh_picture(pp=2, dp=2, tp=2, highlight=axis)
         legend = [t.get_text() for t in fig.legends[0].get_texts()]
         groups = mesh.movedim(dim, -1).reshape(-1, 2).tolist()  # ranks that differ only along axis
         assert all(s.startswith(f"{axis.upper()} group ") for s in legend)
         assert sorted(s.split(": ranks ")[1] for s in legend) == sorted(f"{a}, {b}" for a, b in groups)
 
 
+def _node_lines(fig):
+    return [ln for ln in fig.axes[0].get_lines() if ln.get_color() == viz._NODE_EDGE]
+
+
+def test_mesh_picture_node_boundaries():
+    # 16 GPUs on 2 nodes of 8, tp = 8: each TP group is one node, drawn as one outlined row
+    fig = viz.mesh_picture(pp=1, dp=2, tp=8, gpus_per_node=8)
+    assert "2 nodes of 8 GPUs: every TP group stays inside one node" in fig._suptitle.get_text()
+    assert len(_node_lines(fig)) == 2 * (8 + 8 + 1 + 1)  # two 8x1 rows, each outlined
+    ys = sorted({y for ln in _node_lines(fig) for y in ln.get_ydata()})
+    assert ys == [0, 1, 2]  # the boundary between the nodes runs between row d=0 and row d=1
+    # dp = 4, tp = 3 on nodes of 8: rank 8 shares a TP group with 6 and 7 but sits on node 1
+    fig = viz.mesh_picture(pp=1, dp=4, tp=3, gpus_per_node=8)
+    assert "TP groups that cross a node boundary: 1 of 4" in fig._suptitle.get_text()
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[-1] == "node boundary: node k holds ranks 8k to 8k + 7"
+    assert _node_lines(viz.mesh_picture(pp=2, dp=2, tp=2)) == []  # no nodes asked, none drawn
+
+
 def test_mesh_picture_bad_input():
     with pytest.raises(ValueError, match="tp must be a positive int"):
-        viz.mesh_picture(2, 0, 2)
+        viz.mesh_picture(pp=2, dp=2, tp=0)
     with pytest.raises(ValueError, match="highlight"):
-        viz.mesh_picture(2, 2, 2, highlight="ep")
+        viz.mesh_picture(pp=2, dp=2, tp=2, highlight="ep")
     with pytest.raises(ValueError, match="too many"):
-        viz.mesh_picture(8, 8, 8)
+        viz.mesh_picture(pp=8, dp=8, tp=8)
+    with pytest.raises(ValueError, match="gpus_per_node must be a positive int"):
+        viz.mesh_picture(pp=2, gpus_per_node=0)
+    with pytest.raises(TypeError):  # sizes are keyword-only: no silent axis-order mix-up
+        viz.mesh_picture(2, 2, 2)
+
+
+# ---------------------------------------------------------------- lab 00: memory and time
+
+def test_training_memory_bars_use_cost_model():
+    from parlab import cost
+
+    models = {"1B": 1e9, "7B": 7e9, "70B": 70e9}
+    fig = viz.training_memory_bars(models)
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "training state (GB)"
+    heights = [p.get_height() for p in ax.patches]
+    assert len(heights) == 3 * 3  # models x (weights, gradients, optimizer state)
+    for i, n in enumerate(models.values()):
+        b = cost.training_bytes(n)
+        assert heights[3 * i:3 * i + 3] == pytest.approx([b.weights / 1e9, b.grads / 1e9, b.optimizer / 1e9])
+    assert list(ax.get_lines()[0].get_ydata()) == [80.0, 80.0]  # the H100 line
+    assert texts_of(fig) == ["16 GB\n≥ 1 GPU", "112 GB\n≥ 2 GPUs", "1,120 GB\n≥ 14 GPUs"]
+    assert layout_problems(fig) == []
+    fig = viz.training_memory_bars({"7B": 7e9}, gpu_memory=40e9, optim_bytes=4)  # another GPU, SGD+momentum
+    assert texts_of(fig) == ["56 GB\n≥ 2 GPUs"]
+    assert "optimizer state (4 B/param)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_training_memory_bars_bad_input():
+    with pytest.raises(ValueError, match="non-empty dict of label -> number of parameters"):
+        viz.training_memory_bars({})
+    with pytest.raises(ValueError, match=r"models\['7B'\] must be a positive number"):
+        viz.training_memory_bars({"7B": -7e9})
+    with pytest.raises(ValueError, match="gpu_memory must be a positive number"):
+        viz.training_memory_bars({"7B": 7e9}, gpu_memory=0)
+
+
+def test_time_to_train_curves_use_cost_model():
+    from parlab import cost
+
+    models = {"7B, 2T tokens": (7e9, 2e12), "70B, 15T tokens": (70e9, 15e12)}
+    gpus = [1, 8, 64, 512, 4096]
+    fig = viz.time_to_train_curves(models, gpus, mfu=0.5)
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    for line, (n, tokens) in zip(lines, models.values()):
+        assert list(line.get_xdata()) == gpus
+        expected = [cost.time_to_train(n, tokens, g, cost.H100_BF16_PEAK, 0.5) / 86_400 for g in gpus]
+        assert list(line.get_ydata()) == pytest.approx(expected)
+    assert [ln.get_ydata()[0] for ln in lines[2:]] == [1, 30, 365]  # a day, a month, a year
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert "4,096" in [t.get_text() for t in ax.get_xticklabels()]
+    assert "MFU 50%" in ax.get_title()
+    assert layout_problems(fig) == []
+
+
+def test_time_to_train_curves_bad_input():
+    with pytest.raises(ValueError, match="non-empty dict of label"):
+        viz.time_to_train_curves({})
+    with pytest.raises(ValueError, match="must be a pair"):
+        viz.time_to_train_curves({"x": 7e9})
+    with pytest.raises(ValueError, match="tokens of models\\['x'\\] must be a positive number"):
+        viz.time_to_train_curves({"x": (7e9, 0)})
+    with pytest.raises(ValueError, match="gpus must be a non-empty list"):
+        viz.time_to_train_curves({"x": (7e9, 1e12)}, gpus=[0, 8])
+    with pytest.raises(ValueError, match="mfu"):
+        viz.time_to_train_curves({"x": (7e9, 1e12)}, mfu=1.5)
 
 
 def _bar_rows(fig):

@@ -1,4 +1,9 @@
-"""Figures for the labs and slides: collectives, Gantt charts, memory, bandwidth, mesh.
+"""Figures for the labs and slides: collectives, Gantt charts, memory, bandwidth, mesh,
+and lab 00's memory and time-to-train arithmetic.
+
+It is one module, longer than most in parlab, on purpose: every figure shares
+the palette, the legend placement and the unit helpers below, and a reader
+looking for "the figure of X" finds all of them in one place, one section each.
 
 Every function returns a ``matplotlib.figure.Figure``.  The figure is closed
 in pyplot before it is returned, so a notebook shows it once when it is the
@@ -21,13 +26,15 @@ import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
+from . import cost
 from .cost import busbw_factor
 
-__all__ = ["rank_color", "collective_diagram", "gantt", "memory_bars", "bandwidth_curves",
-           "mesh_picture"]
+__all__ = ["rank_color", "collective_diagram", "gantt", "memory_bars", "training_memory_bars",
+           "time_to_train_curves", "bandwidth_curves", "mesh_picture"]
 
 _TAB10 = matplotlib.colormaps["tab10"].colors
 _SUM_COLOR = "#2f3e4e"  # reduced (Σ) chunks
@@ -437,6 +444,118 @@ def memory_bars(measured: Mapping[Any, Mapping[str, float]],
     return fig
 
 
+# ---------------------------------------------------------------- why one GPU is not enough (lab 00)
+
+def _positive(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _plain(x: float) -> str:
+    """1120 -> '1,120', 112 -> '112', 0.5 -> '0.5': no scientific notation on axes and labels."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def training_memory_bars(models: Mapping[str, float], *, gpu_memory: float = cost.H100_MEMORY,
+                         weight_bytes: float = 2, grad_bytes: float = 2, optim_bytes: float = 12,
+                         title: str | None = None, ax: Axes | None = None) -> Figure:
+    """Weights, gradients and optimizer state of each model, stacked, against one GPU's memory.
+
+    ``models`` maps a label to a parameter count, e.g. ``{"7B": 7e9, "70B": 70e9}``.
+    The bytes are ``parlab.cost.training_bytes`` (mixed-precision Adam: 2 + 2 + 12
+    bytes per parameter by default, ZeRO §3.1); activations are not included.
+    A dashed line marks ``gpu_memory`` (an 80 GB H100 by default), and each bar
+    is labelled with its total and the fewest GPUs whose memory together holds
+    it, ceil(total / gpu_memory).
+    """
+    if not isinstance(models, Mapping) or not models:
+        raise ValueError("models must be a non-empty dict of label -> number of parameters, "
+                         "e.g. {'7B': 7e9, '70B': 70e9}")
+    gpu_memory = _positive("gpu_memory", gpu_memory)
+    states = {label: cost.training_bytes(_positive(f"models[{label!r}]", n), weight_bytes, grad_bytes,
+                                         optim_bytes) for label, n in models.items()}
+    size, unit = _byte_unit(max(max(b.total for b in states.values()), gpu_memory))
+    parts = [("weights", "params", weight_bytes), ("gradients", "grads", grad_bytes),
+             ("optimizer state", "optimizer", optim_bytes)]
+    owns = ax is None
+    fig, ax = _new_axes(ax, (max(6.0, 1.2 * len(models) + 3), 4.8))
+    for i, b in enumerate(states.values()):
+        bottom = 0.0
+        for (_, key, _), v in zip(parts, (b.weights, b.grads, b.optimizer)):
+            ax.bar(i, v / size, 0.6, bottom=bottom, color=_MEM_COLORS[key], edgecolor="white", lw=0.8)
+            bottom += v / size
+        gpus = math.ceil(b.total / gpu_memory)
+        ax.text(i, bottom, f"{_plain(bottom)} {unit}\n≥ {gpus} GPU{'s' if gpus > 1 else ''}",
+                ha="center", va="bottom", fontsize=8, zorder=4,
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    ax.axhline(gpu_memory / size, color="black", ls="--", lw=1.3)
+    ax.set_xticks(range(len(models)), [str(k) for k in models])
+    ax.set_ylabel(f"training state ({unit})", fontsize=11)
+    ax.margins(y=0.18)
+    ax.set_title(title or "memory to train, before activations (mixed-precision Adam)", fontsize=12)
+    _clean(ax)
+    handles = [Patch(color=_MEM_COLORS[key], label=f"{name} ({per:g} B/param)") for name, key, per in parts]
+    handles.append(Line2D([], [], color="black", ls="--", lw=1.3,
+                          label=f"one GPU: {_plain(gpu_memory / size)} {unit}"))
+    _legend(fig, ax, handles, owns, ncol=2)
+    return fig
+
+
+_DURATIONS = (("1 day", 1), ("1 month", 30), ("1 year", 365))
+
+
+def time_to_train_curves(models: Mapping[str, tuple[float, float]],
+                         gpus: Sequence[int] = (1, 8, 64, 512, 4096), *,
+                         peak_flops: float = cost.H100_BF16_PEAK, mfu: float = 0.4,
+                         title: str | None = None, ax: Axes | None = None) -> Figure:
+    """Days to train against the number of GPUs, log-log, one line per model.
+
+    ``models`` maps a label to ``(n_params, tokens)``, e.g.
+    ``{"70B, 15T tokens": (70e9, 15e12)}``.  Days are
+    ``parlab.cost.time_to_train(n_params, tokens, n, peak_flops, mfu) / 86400``,
+    i.e. 6·N·tokens / (n × peak × MFU): the same MFU at every n, so perfect
+    scaling is assumed (real jobs lose some to communication).  Grey lines
+    mark a day, a month and a year.
+    """
+    if not isinstance(models, Mapping) or not models:
+        raise ValueError("models must be a non-empty dict of label -> (n_params, tokens), "
+                         "e.g. {'70B, 15T tokens': (70e9, 15e12)}")
+    counts = list(gpus) if isinstance(gpus, Sequence) and not isinstance(gpus, str) else []
+    if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in counts):
+        raise ValueError(f"gpus must be a non-empty list of GPU counts (ints >= 1), got {gpus!r}")
+    counts = sorted(set(counts))
+    days = {}
+    for label, pair in models.items():
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"models[{label!r}] must be a pair (n_params, tokens), got {pair!r}")
+        n_params, tokens = (_positive(f"{name} of models[{label!r}]", v)
+                            for name, v in zip(("n_params", "tokens"), pair))
+        days[label] = [cost.time_to_train(n_params, tokens, n, peak_flops, mfu) / cost.SECONDS_PER_DAY
+                       for n in counts]
+    owns = ax is None
+    fig, ax = _new_axes(ax, (7.5, 4.8))
+    handles = []
+    for i, (label, ys) in enumerate(days.items()):
+        handles += ax.plot(counts, ys, marker="o", ms=4, lw=1.8, color=_TAB10[i % 10], label=label)
+    for j, (name, value) in enumerate(_DURATIONS):
+        handles.append(ax.axhline(value, color="#888888", lw=1, ls=(":", "-.", "--")[j], label=name))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(counts))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:,.0f}"))
+    ax.xaxis.set_minor_locator(FixedLocator([]))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: _plain(y)))
+    ax.set_xlabel("number of GPUs", fontsize=11)
+    ax.set_ylabel("days to train", fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_title(title or f"6·N·tokens / (GPUs × {peak_flops / 1e12:,.0f} TFLOP/s × MFU {mfu:.0%}), "
+                 "perfect scaling", fontsize=11)
+    _clean(ax)
+    _legend(fig, ax, handles, owns, ncol=min(len(handles), 3))
+    return fig
+
+
 # ---------------------------------------------------------------- bandwidth
 
 def _binary_size(x: float, _pos=None) -> str:
@@ -504,74 +623,113 @@ def bandwidth_curves(sizes_bytes: Sequence[float], curves: Mapping[str, Sequence
 
 # ---------------------------------------------------------------- device mesh
 
-def mesh_picture(pp: int, tp: int, dp: int, *, highlight: str | None = "tp",
-                 ax: Axes | None = None) -> Figure:
-    """The device mesh ``torch.arange(pp*tp*dp).view(pp, tp, dp)``.
+_NODE_EDGE = "#c0392b"
 
-    Rank r sits at coordinates (p, t, d) with r = p·(tp·dp) + t·dp + d, so
-    each pipeline stage p is a tp x dp block (rows t, columns d) and reading a
-    block left to right, top to bottom counts ranks up.  ``highlight`` colours
-    the groups along one axis: "tp" (same p and d: a column of a block), "dp"
-    (same p and t: a row), "pp" (same t and d: the same cell in every block).
+
+def _node_edges(ax: Axes, node_of: dict[tuple[int, int, int], int], x_of) -> None:
+    """A dashed line on every side of a (stage, row, column) cell whose neighbour is on
+    another node or absent: the outline of each node's cells."""
+    for p, row, col in node_of:
+        x0, here = x_of(p, col), node_of[(p, row, col)]
+        sides = {(0, -1): ((x0, row), (x0 + 1, row)), (0, 1): ((x0, row + 1), (x0 + 1, row + 1)),
+                 (-1, 0): ((x0, row), (x0, row + 1)), (1, 0): ((x0 + 1, row), (x0 + 1, row + 1))}
+        for (dc, dr), ((xa, ya), (xb, yb)) in sides.items():
+            if node_of.get((p, row + dr, col + dc)) != here:
+                ax.plot([xa, xb], [ya, yb], color=_NODE_EDGE, lw=2.2, ls=(0, (4, 2)),
+                        solid_capstyle="butt", zorder=3)
+
+
+def mesh_picture(*, pp: int = 1, dp: int = 1, tp: int = 1, highlight: str | None = "tp",
+                 gpus_per_node: int | None = None, ax: Axes | None = None) -> Figure:
+    """The device mesh ``torch.arange(pp*dp*tp).view(pp, dp, tp)``, TP innermost.
+
+    Rank r sits at (p, d, t) with r = p·(dp·tp) + d·tp + t (``parlab.parallel.mesh``,
+    the order of ``init_device_mesh(..., (pp, dp, tp))``).  Each pipeline stage
+    p is a dp x tp block (rows d, columns t), so reading a block left to
+    right, top to bottom counts ranks up.  ``highlight`` colours the groups
+    along one axis: "tp" (same p and d: a row of a block), "dp" (same p and
+    t: a column), "pp" (same d and t: the same cell in every block).
+
+    ``gpus_per_node`` draws the node boundaries (ranks 0..g-1 on node 0, and
+    so on, as a launcher numbers GPUs) and says in the title whether every
+    TP group stays inside one node.  The sizes are keyword-only, so that no
+    call written for another axis order draws the wrong mesh.
     """
-    for name, v in (("pp", pp), ("tp", tp), ("dp", dp)):
-        if not isinstance(v, int) or v < 1:
+    from .parallel.mesh import Mesh
+
+    for name, v in (("pp", pp), ("dp", dp), ("tp", tp)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if highlight not in ("tp", "dp", "pp", None):
         raise ValueError(f"highlight must be 'tp', 'dp', 'pp' or None, got {highlight!r}")
-    if pp * tp * dp > 256:
-        raise ValueError(f"{pp * tp * dp} ranks is too many to draw legibly (at most 256)")
+    if gpus_per_node is not None and (isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int)
+                                      or gpus_per_node < 1):
+        raise ValueError(f"gpus_per_node must be a positive int or None, got {gpus_per_node!r}")
+    mesh = Mesh(pp=pp, dp=dp, tp=tp)
+    world = mesh.world_size
+    if world > 256:
+        raise ValueError(f"{world} ranks is too many to draw legibly (at most 256)")
     gap = 0.8
     owns = ax is None
-    fig, ax = _new_axes(ax, (max(6.0, pp * (dp + gap) * 0.95 + 1.5), max(3.4, tp * 0.95 + 2.6)))
-    group_of = {"tp": lambda p, t, d: (p, d), "dp": lambda p, t, d: (p, t),
-                "pp": lambda p, t, d: (t, d), None: lambda p, t, d: (p,)}[highlight]
-    groups: dict[tuple, list[int]] = {}
-    for p in range(pp):
-        for t in range(tp):
-            for d in range(dp):
-                groups.setdefault(group_of(p, t, d), []).append(p * tp * dp + t * dp + d)
+    fig, ax = _new_axes(ax, (max(6.0, pp * (tp + gap) * 0.95 + 1.5), max(3.4, dp * 0.95 + 3.0)))
+    groups = mesh.groups(highlight) if highlight else [[r for r in range(world) if mesh.coords(r).p == p]
+                                                         for p in range(pp)]
+    group_index = {r: i for i, g in enumerate(groups) for r in g}
     # group colours come from palettes other than the rank palette, so a group
     # is never mistaken for a rank
     palette = matplotlib.colormaps["Set2" if len(groups) <= 8 else "Set3"].colors
-    color_of = {g: palette[i % len(palette)] for i, g in enumerate(groups)}
-    fs = 13 if tp * dp * pp <= 32 else 10
+    fs = 13 if world <= 32 else 10
+
+    def x_of(p: int, t: int) -> float:
+        return p * (tp + gap) + t
+
+    node_of = {}
+    for rank in range(world):
+        p, d, t = mesh.coords(rank)
+        node_of[(p, d, t)] = rank // gpus_per_node if gpus_per_node else 0
+        face = palette[group_index[rank] % len(palette)]
+        ax.add_patch(Rectangle((x_of(p, t) + 0.06, d + 0.06), 0.88, 0.88, facecolor=face,
+                               edgecolor="white", alpha=0.85))
+        ax.text(x_of(p, t) + 0.5, d + 0.42, str(rank), ha="center", va="center",
+                fontsize=fs, fontweight="bold", color=_text_color(face))
+        ax.text(x_of(p, t) + 0.5, d + 0.78, f"({p},{d},{t})", ha="center", va="center",
+                fontsize=7, color=_text_color(face))
     for p in range(pp):
-        x0 = p * (dp + gap)
-        ax.text(x0 + dp / 2, -0.35, f"stage p = {p}", ha="center", va="bottom", fontsize=10)
+        ax.text(x_of(p, 0) + tp / 2, -0.35, f"stage p = {p}", ha="center", va="bottom", fontsize=10)
         for t in range(tp):
-            for d in range(dp):
-                rank = p * tp * dp + t * dp + d
-                face = color_of[group_of(p, t, d)]
-                ax.add_patch(Rectangle((x0 + d + 0.06, t + 0.06), 0.88, 0.88, facecolor=face,
-                                       edgecolor="white", alpha=0.85))
-                ax.text(x0 + d + 0.5, t + 0.42, str(rank), ha="center", va="center",
-                        fontsize=fs, fontweight="bold", color=_text_color(face))
-                ax.text(x0 + d + 0.5, t + 0.78, f"({p},{t},{d})", ha="center", va="center",
-                        fontsize=7, color=_text_color(face))
-        for t in range(tp) if p == 0 else ():
-            ax.text(-0.1, t + 0.5, f"t = {t}", ha="right", va="center", fontsize=9)
-        for d in range(dp):
-            ax.text(x0 + d + 0.5, tp + 0.1, f"d = {d}", ha="center", va="top", fontsize=9)
-        if highlight in ("tp", "dp"):  # outline each group
+            ax.text(x_of(p, t) + 0.5, dp + 0.1, f"t = {t}", ha="center", va="top", fontsize=9)
+        if highlight in ("tp", "dp"):  # outline each group: a row (tp) or a column (dp)
             for i in range(dp if highlight == "tp" else tp):
-                xy, w, h = ((x0 + i, 0), 1, tp) if highlight == "tp" else ((x0, i), dp, 1)
+                xy, w, h = ((x_of(p, 0), i), tp, 1) if highlight == "tp" else ((x_of(p, i), 0), 1, dp)
                 ax.add_patch(FancyBboxPatch((xy[0] + 0.02, xy[1] + 0.02), w - 0.04, h - 0.04,
                                             boxstyle="round,pad=0,rounding_size=0.12",
                                             fill=False, lw=2, edgecolor="#333333"))
-    ax.set_xlim(-0.9, pp * (dp + gap) - gap + 0.1)
-    ax.set_ylim(tp + 0.55, -0.85)
+    for d in range(dp):
+        ax.text(-0.1, d + 0.5, f"d = {d}", ha="right", va="center", fontsize=9)
+    if gpus_per_node:
+        _node_edges(ax, node_of, x_of)
+    ax.set_xlim(-0.9, x_of(pp - 1, tp) + 0.1)
+    ax.set_ylim(dp + 0.55, -0.85)
     ax.set_aspect("equal")
     ax.axis("off")
-    world = pp * tp * dp
     what = f"{highlight.upper()} groups coloured" if highlight else "coloured by stage"
-    (fig.suptitle if owns else ax.set_title)(f"mesh pp={pp} × tp={tp} × dp={dp} ({world} ranks), {what}\n"
-                 "rank = p·(tp·dp) + t·dp + d,  mesh = torch.arange(world).view(pp, tp, dp)",
-                 fontsize=11)
+    heading = (f"mesh pp={pp} × dp={dp} × tp={tp} ({world} ranks), {what}\n"
+               "rank = p·(dp·tp) + d·tp + t,  mesh = torch.arange(world).view(pp, dp, tp)")
+    if gpus_per_node:
+        nodes = -(-world // gpus_per_node)
+        split = sum(len({r // gpus_per_node for r in g}) > 1 for g in mesh.groups("tp"))
+        heading += (f"\n{nodes} node{'s' if nodes > 1 else ''} of {gpus_per_node} GPUs: "
+                    + ("every TP group stays inside one node" if not split else
+                       f"TP groups that cross a node boundary: {split} of {len(mesh.groups('tp'))}"))
+    (fig.suptitle if owns else ax.set_title)(heading, fontsize=11)
     names = {"tp": "TP group", "dp": "DP group", "pp": "PP group", None: "stage"}
-    handles = [Patch(color=color_of[g], label=f"{names[highlight]} {i}: ranks "
-                     f"{', '.join(map(str, groups[g]))}") for i, g in enumerate(list(groups)[:8])]
+    handles = [Patch(color=palette[i % len(palette)], label=f"{names[highlight]} {i}: ranks "
+                     f"{', '.join(map(str, g))}") for i, g in enumerate(groups[:8])]
     if len(groups) > 8:
         handles.append(Patch(color="white", label=f"... {len(groups)} groups in all"))
+    if gpus_per_node:
+        handles.append(Line2D([], [], color=_NODE_EDGE, lw=2.2, ls=(0, (4, 2)),
+                              label=f"node boundary: node k holds ranks {gpus_per_node}k to "
+                                    f"{gpus_per_node}k + {gpus_per_node - 1}"))
     _legend(fig, ax, handles, owns, ncol=2 if len(handles) > 3 else len(handles))
     return fig
