@@ -46,6 +46,28 @@ c.Execute.timeout = 300
 # on purpose: the remaining exercises still get graded).
 c.Execute.interrupt_on_timeout = True
 
+# ---------------------------------------------------------------- grading that a submission cannot subvert
+# parlab's execute step (parlab/grading/autograde.py) replaces nbgrader's: it
+# grades each test cell's checks in a fresh process instead of in the
+# student's kernel (where an earlier cell may have replaced a check, parlab,
+# torch or a builtin), and when a cell kills the kernel it records that
+# cell's error, restarts the kernel, replays the cells above and goes on, so
+# the other exercises are still scored.  The rest of the list is nbgrader's
+# default autograde pipeline, unchanged.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata,  # noqa: E402
+                                    IgnorePattern, LimitOutput, SaveAutoGrades)
+
+from parlab.grading.autograde import GuardedExecute  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    GuardedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+    AssignLatePenalties, CheckCellMetadata,
+]
+# A test cell the student deleted is put back (and graded), instead of being
+# left for manual grading where it could be given points.
+c.OverwriteCells.add_missing_cells = True
+
 # ---------------------------------------------------------------- output limits
 # nbgrader keeps at most this many lines of stream output and traceback per
 # cell in the autograded notebook (these are its defaults, written out so the

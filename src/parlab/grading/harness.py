@@ -141,30 +141,35 @@ def _on_ranks(tasks: list, catch: bool) -> dict:
     import torch.distributed as dist
 
     n = dist.get_world_size() if dist.is_initialized() else 1
-    out: dict = {_BACKEND_KEY: str(dist.get_backend()) if dist.is_initialized() else "gloo"}
-    for key, ex, answer, cases in tasks:
-        done: list = []
-        i, case = 0, None
-        try:
-            obj = _resolve(answer)
-            for i, case in enumerate(cases):
-                spy = Spy()
-                got = ex.run(obj, case, i, spy)
-                done.append({"out": got, "spy": spy.record()})
-                if ex.settle is not None and not _all_right(bool(ex.settle(got, case, i, n))):
-                    break
-        except Exception as exc:  # noqa: BLE001 - reported in the student's terms
-            where = _case_words(case, n)
-            if not catch:
-                if hasattr(exc, "add_note"):  # Python 3.11+: name the case under the traceback
-                    exc.add_note(f"(while grading {where})")
-                raise
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            out[key] = {"error": f"raised {last} on {where}",
-                        "traceback": traceback.format_exc(limit=-4)}
-            continue
-        out[key] = {"cases": done}
+    backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
+    out: dict = {_BACKEND_KEY: backend}
+    with check.judged_on(backend):
+        for key, ex, answer, cases in tasks:
+            out[key] = _run_task(ex, answer, cases, n, catch)
     return out
+
+
+def _run_task(ex: Exercise, answer, cases, n: int, catch: bool) -> dict:
+    """One answer through its cases on this rank: {"cases": [...]} or {"error": ..., "traceback": ...}."""
+    done: list = []
+    case = None
+    try:
+        obj = _resolve(answer)
+        for i, case in enumerate(cases):
+            spy = Spy()
+            got = ex.run(obj, case, i, spy)
+            done.append({"out": got, "spy": spy.record()})
+            if ex.settle is not None and not _all_right(bool(ex.settle(got, case, i, n))):
+                break
+    except Exception as exc:  # noqa: BLE001 - reported in the student's terms
+        where = _case_words(case, n)
+        if not catch:
+            if hasattr(exc, "add_note"):  # Python 3.11+: name the case under the traceback
+                exc.add_note(f"(while grading {where})")
+            raise
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return {"error": f"raised {last} on {where}", "traceback": traceback.format_exc(limit=-4)}
+    return {"cases": done}
 
 
 def _case_words(case, n: int) -> str:
@@ -173,11 +178,11 @@ def _case_words(case, n: int) -> str:
 
 
 # ---------------------------------------------------------------- in the grader
-def _launch(fn, *, nproc: int, timeout: float, isolate: bool, backend: str | None):
+def _launch(fn, args: tuple, *, nproc: int, timeout: float, isolate: bool, backend: str | None):
     from .. import launch
 
     kwargs = {"plain_results": True} if isolate else {}
-    return launch(fn, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
+    return launch(fn, args=args, nproc=nproc, timeout=timeout, backend=backend, **kwargs)
 
 
 def grade_batch(batch: Mapping[Exercise, Mapping[str, Any]], *, hidden: bool = False,
@@ -204,7 +209,7 @@ def grade_batch(batch: Mapping[Exercise, Mapping[str, Any]], *, hidden: bool = F
         in_process = n == 1 and not isolate and all(ex.solo for _, ex, _, _ in tasks)
         try:
             per_rank = ([_on_ranks(tasks, True)] if in_process else
-                        _launch(_on_ranks, nproc=n, timeout=wait, isolate=isolate, backend=backend))
+                        _launch(_on_ranks, (tasks, catch), nproc=n, timeout=wait, isolate=isolate, backend=backend))
         except Exception as err:  # noqa: BLE001 - a LaunchError, or a solo answer that raised
             message = launch_failure(err, tasks, n)
             for key, *_ in tasks:

@@ -1,44 +1,33 @@
-"""Autograder checks for Lab 01: backends and collectives.
+"""Checks for Lab 01: backends and collectives, on the grading harness.
 
-Each ``check_*`` function runs the student's function on several ranks with
-``parlab.launch`` (one launch per world size, every test case looped inside
-the ranks), compares what each rank returned with single-process math on the
-same inputs, and raises ``AssertionError`` with a hint in the student's terms
-when something is off.  Passing returns None and prints one line.
+    lab01.check_allreduce_from_rs_ag(all_reduce_rs_ag)     # Exercise 1
+    lab01.check_ring_allreduce(ring_all_reduce)            # Exercise 2
+    lab01.check_tree_broadcast(tree_broadcast)             # Exercise 3
+    lab01.check_bandwidths(bandwidths)                     # Exercise 4
 
-    check_allreduce_from_rs_ag(my_all_reduce)               # visible tests
-    check_allreduce_from_rs_ag(my_all_reduce, hidden=True)  # other sizes/dtypes
-
-Inputs are made from a seed per (case, rank), so the parent process can
-rebuild every rank's input and add them up itself: the reference never uses
-a collective.  Float32/64 inputs are random normals; half precisions and
+Inputs are made from a seed per (case, rank), so the grader can rebuild
+every rank's input and add them up itself: the reference never uses a
+collective.  Float32/64 inputs are random normals; half precisions and
 integers get small whole numbers, whose sums are exact in every dtype.
-
-``run_exercises`` evaluates many functions in one launch per world size; the
-test suite uses it to grade a batch of wrong answers cheaply.
+The rules each exercise states (no built-in collective, a new tensor, the
+ring's neighbours, the tree's fan-out) are judged on the spy's records.
 """
 from __future__ import annotations
 
 import math
-import traceback
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from .. import check
-from . import assert_number
-from ..cost import busbw as _ref_busbw
 from ..cost import algbw as _ref_algbw
-from ..errors import LaunchError, LaunchTimeout
+from ..cost import busbw as _ref_busbw
+from . import assert_number
+from .harness import Exercise, Graded, Rule, checker
+from .spy import COLLECTIVES, used
 
 __all__ = ["check_allreduce_from_rs_ag", "check_ring_allreduce", "check_tree_broadcast",
-           "check_bandwidths", "run_exercises", "make_input", "Case", "TIMEOUT"]
-
-#: Seconds per launch.  The process-group timeout is half of it, so a
-#: deadlocked answer fails after about 30 s instead of hanging the grader.
-TIMEOUT = 60.0
+           "check_bandwidths", "make_input", "Case", "EXERCISES"]
 
 
 @dataclass(frozen=True)
@@ -67,149 +56,184 @@ def make_input(case: Case, rank: int, salt: int = 0) -> torch.Tensor:
     return torch.randint(-8, 9, case.shape, generator=g).to(dtype)
 
 
+def expected(case: Case, n: int, i: int) -> torch.Tensor:
+    """What every rank should hold: the root's input, or the sum of all inputs."""
+    xs = [make_input(case, r, salt=i) for r in range(n)]
+    if case.root is not None:
+        return xs[case.root]
+    return torch.stack([x.to(torch.float64) for x in xs]).sum(0).to(xs[0].dtype)
+
+
 # ---------------------------------------------------------------- test sets
-# (world_size, cases).  Visible first; cases whose numel divides by the world
-# size come before those that do not, so a remainder bug is easy to name.
-_AR_VISIBLE = [(4, [Case((16,)), Case((4, 6)), Case((10,)), Case((3, 5))])]
-_AR_HIDDEN = [(3, [Case((1,)), Case((2,)), Case((7,)), Case((13,)), Case((5, 3), "float64"),
+# (world_size, cases).  Visible sets hold each exercise's commonest trap: a
+# numel not divisible by the world size, and a dtype other than float32.
+_AR_VISIBLE = ((4, (Case((16,)), Case((4, 6)), Case((10,)), Case((3, 5)), Case((6,), "int64"))),)
+_AR_HIDDEN = ((3, (Case((1,)), Case((2,)), Case((7,)), Case((13,)), Case((5, 3), "float64"),
                    Case((11,), "int64"), Case((9,), "bfloat16"), Case((13,), "float16"),
-                   Case((2, 3, 4), "int32")])]
-_RING_HIDDEN = _AR_HIDDEN + [(2, [Case((1,)), Case((5,)), Case((13,), "float64"),
-                                  Case((4, 3), "int64")])]
-_TREE_VISIBLE = [(4, [Case((5,), root=r) for r in range(4)]
-                  + [Case((2, 3), "int64", root=r) for r in (3, 1)])]
-_TREE_HIDDEN = [(3, [Case((7,), "float64", root=r) for r in range(3)]
-                 + [Case((1,), "bfloat16", root=2), Case((4, 4), "int32", root=1)])]
-
-_EXERCISES = {
-    # name: (what the function computes, visible sets, hidden sets, hint on a hang)
-    "rs_ag": ("all_reduce", _AR_VISIBLE, _AR_HIDDEN,
-              "every rank must call reduce_scatter and all_gather the same number of times, "
-              "with the same sizes"),
-    "ring": ("all_reduce", _AR_VISIBLE, _RING_HIDDEN,
-             "a ring where every rank first calls a blocking dist.send waits forever: gloo's "
-             "send only completes once the neighbour posts the matching recv, and that "
-             "neighbour is itself stuck in send. Post both with dist.isend/dist.irecv and wait "
-             "on both, or let even ranks send first and odd ranks receive first"),
-    "tree": ("broadcast", _TREE_VISIBLE, _TREE_HIDDEN,
-             "some rank waits for a message nobody sends: check that each child receives from "
-             "exactly the parent that sends to it, for every root and world size"),
-}
-
-#: What the surviving ranks report when a peer aborted in the middle of a message.
-_DIED_MID_MESSAGE = ("expected size", "Received data size", "Connection closed", "Connection reset",
-                     "SIGABRT")
-
-_SIZE_HINT = ("a rank died in the middle of a collective or send/recv (its stderr is shown "
-              "above). Here that usually means gloo aborted because a message and its receive "
-              "buffer differ in size: the "
-              "sender's chunk and the receiver's buffer must have the same number of elements and "
-              "the same dtype (allocate buffers with dtype=x.dtype) "
-              "(compute chunk boundaries the same way on every rank; with uneven chunks, size the "
-              "buffer for the chunk that arrives, not the one you send)")
+                   Case((2, 3, 4), "int32"))),)
+_RING_HIDDEN = _AR_HIDDEN + ((2, (Case((1,)), Case((5,)), Case((13,), "float64"),
+                                  Case((4, 3), "int64"))),)
+_TREE_VISIBLE = ((4, tuple(Case((5,), root=r) for r in range(4))
+                  + tuple(Case((2, 3), "int64", root=r) for r in (3, 1))),)
+_TREE_HIDDEN = ((3, tuple(Case((7,), "float64", root=r) for r in range(3))
+                 + (Case((1,), "bfloat16", root=2), Case((4, 4), "int32", root=1))),)
 
 
 # ---------------------------------------------------------------- on the ranks
-# A task is (key, function, kind, cases); kind is "all_reduce" or "broadcast".
-def _on_ranks(tasks: list, catch: bool) -> dict:
-    """Run each task's function on its cases; return {key: [result per case] or error text}.
+def _run(fn, case: Case, i: int, spy) -> dict:
+    """Call the answer on this rank's input; return its result and whether it is right."""
+    import torch.distributed as dist
 
-    After each case the ranks agree (one tiny all_reduce) whether any of them
-    got it wrong, and then all stop that function together: a wrong answer is
-    reported on its first wrong case, before a later case can crash it.
-    """
     from ..runtime import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    out: dict = {}
-    for key, fn, kind, cases in tasks:
-        results = []
+    x = make_input(case, rank, salt=i).to(device())
+    spy.guard(x=x)
+    with spy.watch():
+        got = fn(x) if case.root is None else fn(x, case.root)
+    if isinstance(got, torch.Tensor):
+        got = got.detach().cpu().clone()
+    return {"got": got, "right": check.same_values(got, expected(case, n, i))}
+
+
+def _settle(result: dict, case, i, n) -> bool:
+    return result["right"]
+
+
+# ---------------------------------------------------------------- rules
+def _no_builtin(*banned: str):
+    def broken(records, case, n):
+        for r, rec in enumerate(records):
+            if hits := used(rec, *banned):
+                return f"rank {r} called dist.{hits[0]}."
+        return None
+    return broken
+
+
+def _must_call(*needed: str):
+    def broken(records, case, n):
+        for r, rec in enumerate(records):
+            if missing := [op for op in needed if not used(rec, op, op + "_tensor",
+                                                            op + "_into_tensor")]:
+                return f"rank {r} never called dist.{missing[0]}."
+        return None
+    return broken
+
+
+def _input_unchanged(records, case, n):
+    for r, rec in enumerate(records):
+        if "x" in rec["mutated"]:
+            return (f"rank {r}'s input x was modified: compute into a new tensor "
+                    "(x.clone(), torch.zeros(..., dtype=x.dtype)) and leave x as it was.")
+    return None
+
+
+def _ring_neighbours(records, case, n):
+    for r, rec in enumerate(records):
+        for c in rec["calls"]:
+            if c["op"] in ("send", "isend") and c["peer"] not in (None, (r + 1) % n):
+                return (f"rank {r} sent to rank {c['peer']}; in a ring it sends only to its right "
+                        f"neighbour {(r + 1) % n}.")
+            if c["op"] in ("recv", "irecv") and c["peer"] not in (None, (r - 1) % n):
+                return (f"rank {r} received from rank {c['peer']}; in a ring it receives only "
+                        f"from its left neighbour {(r - 1) % n}.")
+    return None
+
+
+def _ring_chunks(records, case, n):
+    chunk = -(-case.numel // n)
+    for r, rec in enumerate(records):
+        sends = [c for c in rec["calls"] if c["op"] in ("send", "isend")]
+        big = [c["numel"] for c in sends if c["numel"] > chunk]
+        if big:
+            return (f"rank {r} sent a message of {big[0]} elements; each message of a ring "
+                    f"all-reduce carries one chunk, at most ceil(numel / n) = {chunk} here.")
+        if len(sends) > 2 * (n - 1):
+            return (f"rank {r} sent {len(sends)} messages; a ring all-reduce sends "
+                    f"2(n - 1) = {2 * (n - 1)}.")
+    return None
+
+
+def _tree_fan_out(records, case, n):
+    for r, rec in enumerate(records):
+        sends = [c for c in rec["calls"] if c["op"] in ("send", "isend")]
+        peers = sorted({c["peer"] for c in sends if c["peer"] is not None})
+        if len(sends) > 2:
+            return (f"rank {r} sent {len(sends)} messages (to ranks {peers}): a linear chain from "
+                    "one rank, not a binary tree, where every rank sends to at most its two "
+                    "children.")
+        recvs = [c for c in rec["calls"] if c["op"] in ("recv", "irecv")]
+        if r != case.root and len(recvs) != 1:
+            return f"rank {r} received {len(recvs)} messages; in a tree each non-root rank receives once."
+    return None
+
+
+NEW_TENSOR = "Return a new tensor and leave `x` unchanged."
+_ONLY_P2P_SAYS = "Use only `dist.send`, `dist.recv`, `dist.isend` and `dist.irecv`: no collective."
+
+
+# ---------------------------------------------------------------- graders
+def _grade_collective(g: Graded) -> str | None:
+    passed: list[Case] = []
+    for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
+        got = [res["got"] for res in g.at(i)]
+        exp = expected(case, g.n, i)
+        odd = [(r, t.dtype) for r, t in enumerate(got)
+               if isinstance(t, torch.Tensor) and t.dtype != exp.dtype]
+        if odd:
+            return (f"{g.name} is wrong for {case.describe(g.n)}: rank {odd[0][0]} returned dtype "
+                    f"{odd[0][1]}, but the input was {exp.dtype}. The result must keep the input's "
+                    "dtype: create buffers with dtype=x.dtype (torch.zeros and torch.empty default "
+                    "to float32), or use torch.zeros_like/empty_like.")
+        op = "broadcast" if case.root is not None else "all_reduce"
         try:
-            for i, case in enumerate(cases):
-                x = make_input(case, rank, salt=i).to(device())
-                got = fn(x, case.root) if kind == "broadcast" else fn(x)
-                if isinstance(got, torch.Tensor):
-                    got = got.detach().cpu().clone()
-                results.append(got)
-                wrong = torch.tensor([0.0 if _right(got, _expected(case, n, i, kind)[0]) else 1.0],
-                                     device=device())
-                dist.all_reduce(wrong, op=dist.ReduceOp.MAX)
-                if wrong.item():
-                    break
-        except Exception as exc:  # noqa: BLE001 - only in batch mode; see run_exercises
-            if not catch:
-                if hasattr(exc, "add_note"):  # Python 3.11+: name the case in the traceback
-                    exc.add_note(f"(while grading case {case.describe(n)})")
-                raise
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            results = f"raised {last} on case {case.describe(n)}:\n" + traceback.format_exc(limit=-3)
-        out[key] = results
-    return out
+            check.assert_collective_result(got, exp, op_name=op)
+        except AssertionError as err:
+            hint = _diagnose(case, g.n, i, got, passed)
+            return (f"{g.name} is wrong for {case.describe(g.n)}.\n{err}"
+                    + (f"\nHint: {hint}" if hint else ""))
+        passed.append(case)
+    return None
 
 
-def _right(got, exp: torch.Tensor) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == exp.shape
-            and got.dtype.is_floating_point == exp.dtype.is_floating_point
-            and bool(_close(got, exp).all()))
-
-
-# ---------------------------------------------------------------- in the parent
-def _expected(case: Case, n: int, i: int, kind: str) -> list[torch.Tensor]:
-    """What every rank should hold: the sum of all inputs, or the root's input."""
+def _diagnose(case: Case, n: int, i: int, got: list, passed: list[Case]) -> str:
+    """A guess at the mistake behind a wrong result, in the student's terms (never raises)."""
     xs = [make_input(case, r, salt=i) for r in range(n)]
-    if kind == "broadcast":
-        return [xs[case.root]] * n
-    total = torch.stack([x.to(torch.float64) for x in xs]).sum(0)
-    return [total.to(xs[0].dtype)] * n
-
-
-def _ranks(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    rtol, atol = check.tolerances(b.dtype)
-    a, b = a.to(torch.float64), b.to(torch.float64)
-    return (a - b).abs() <= atol + rtol * b.abs()
-
-
-def _diagnose(kind: str, case: Case, n: int, i: int, got: list, passed: list[Case]) -> str:
-    """A guess at the mistake behind a wrong result, in the student's terms."""
-    xs = [make_input(case, r, salt=i) for r in range(n)]
-    exp = _expected(case, n, i, kind)[0]
-    for r, g in enumerate(got):
-        if isinstance(g, torch.Tensor) and g.numel() < case.numel:
+    exp = expected(case, n, i)
+    tensors = {r: g for r, g in enumerate(got) if isinstance(g, torch.Tensor)}
+    for r, g in tensors.items():
+        if g.numel() < case.numel:
             return (f"Rank {r} returned {g.numel()} of {case.numel} elements: only its own chunk? "
                     "After reducing, every rank needs every chunk back (the all-gather phase).")
-    if kind == "broadcast":
+    if case.root is not None:
         if case.root != 0 and any(c.root == 0 for c in passed):
-            return ("Root 0 works but root {} does not: does your tree assume the root is rank 0? "
-                    "Number the ranks relative to the root, vrank = (rank - root) % world_size, "
-                    "and map back with (vrank + root) % world_size.".format(case.root))
-        stuck = [r for r, g in enumerate(got) if isinstance(g, torch.Tensor)
-                 and g.shape == xs[r].shape and r != case.root and bool(_close(g, xs[r]).all())]
+            return (f"Root 0 works but root {case.root} does not: does your tree assume the root "
+                    "is rank 0? Number the ranks relative to the root, vrank = (rank - root) % "
+                    "world_size, and map back with (vrank + root) % world_size.")
+        stuck = [r for r, g in tensors.items() if r != case.root and check.same_values(g, xs[r])]
         if stuck:
             pow2 = "" if n & (n - 1) == 0 else (f" world_size {n} is not a power of two: does "
                                                 "your tree only reach every rank when it is?")
-            verb = "still holds its" if len(stuck) == 1 else "still hold their"
-            return (f"{_ranks(stuck)} {verb} own input: the broadcast never reached "
-                    f"{'it' if len(stuck) == 1 else 'them'} (or you returned the input instead of "
-                    f"what you received).{pow2}")
+            one = len(stuck) == 1
+            return (f"{check.ranks_phrase(stuck)} {'still holds its' if one else 'still hold their'}"
+                    f" own input: the broadcast never reached {'it' if one else 'them'} (or you "
+                    f"returned the input instead of what you received).{pow2}")
         return ""
-    if case.numel % n and all(c.numel % n == 0 for c in passed) and passed:
+    if passed and case.numel % n and all(c.numel % n == 0 for c in passed):
         return (f"Every case with numel divisible by world_size passed, but numel {case.numel} "
                 f"leaves a remainder of {case.numel % n}: did you forget the last chunk when numel "
-                "is not divisible by world_size? (Pad to a multiple of world_size, or use uneven chunks.)")
-    for r, g in enumerate(got):
-        if not isinstance(g, torch.Tensor) or g.shape != exp.shape:
+                "is not divisible by world_size? (Pad to a multiple of world_size, or use uneven "
+                "chunks.)")
+    for r, g in tensors.items():
+        if g.shape != exp.shape:
             continue
-        bad = ~_close(g, exp)
+        bad = ~check.close_mask(g, exp)
         if not bool(bad.any()):
             continue
-        if bool(_close(g, xs[r])[bad].all()):
+        if bool(check.close_mask(g, xs[r])[bad].all()):
             return (f"On rank {r}, the wrong elements still hold rank {r}'s own input: that part "
                     "was never reduced or never gathered back (is a phase missing or cut short?).")
-        if _partial_sums(g, xs)[bad].all():
+        if bool(_partial_sums(g, xs)[bad].all()):
             return (f"On rank {r}, each wrong element is the sum of only some ranks' inputs: a "
                     "phase is cut short, or a chunk is passed on before it is complete. Each "
                     f"phase of a ring takes world_size - 1 = {n - 1} steps; after the "
@@ -221,132 +245,87 @@ def _diagnose(kind: str, case: Case, n: int, i: int, got: list, passed: list[Cas
 def _partial_sums(g: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
     """True where ``g`` equals the sum over some proper subset of the ranks' inputs."""
     n = len(xs)
-    if n > 8:
-        return torch.zeros(g.shape, dtype=torch.bool)
-    stack = torch.stack([x.to(torch.float64) for x in xs])
     hit = torch.zeros(g.shape, dtype=torch.bool)
+    if n > 8:
+        return hit
+    stack = torch.stack([x.to(torch.float64) for x in xs])
     for mask in range(1, 2**n - 1):
         pick = torch.tensor([(mask >> j) & 1 for j in range(n)], dtype=torch.float64)
-        hit |= _close(g, torch.tensordot(pick, stack, dims=1).to(xs[0].dtype))
+        hit |= check.close_mask(g, torch.tensordot(pick, stack, dims=1).to(xs[0].dtype))
     return hit
 
 
-def _grade(kind: str, name: str, n: int, cases: list[Case], per_rank: list) -> str | None:
-    """Compare the ranks' results with the reference; None or a message in the student's terms."""
-    raised = [(r, out) for r, out in enumerate(per_rank) if isinstance(out, str)]
-    if raised:
-        r, text = raised[0]
-        first, _, rest = text.partition("\n")
-        return f"{name} {first.rstrip(':')} (rank {r}):\n{rest}"
-    passed: list[Case] = []
-    for i, case in enumerate(cases[:min(len(out) for out in per_rank)]):
-        got = [out[i] for out in per_rank]
-        exp = _expected(case, n, i, kind)
-        odd = [(r, g.dtype) for r, g in enumerate(got) if isinstance(g, torch.Tensor)
-               and g.dtype != exp[0].dtype]
-        if odd:
-            return (f"{name} is wrong for {case.describe(n)}: rank {odd[0][0]} returned dtype "
-                    f"{odd[0][1]}, but the input was {exp[0].dtype}. The result must keep the "
-                    "input's dtype: create buffers with dtype=x.dtype (torch.zeros and "
-                    "torch.empty default to float32), or use torch.zeros_like/empty_like.")
-        rtol, atol = check.tolerances(exp[0].dtype)
-        try:
-            check.assert_collective_result(got, exp, op_name=kind, rtol=rtol, atol=atol)
-        except AssertionError as err:
-            hint = _diagnose(kind, case, n, i, got, passed)
-            return (f"{name} is wrong for {case.describe(n)}.\n{err}"
-                    + (f"\nHint: {hint}" if hint else ""))
-        passed.append(case)
-    return None
+# ---------------------------------------------------------------- hints on failures
+_SIZE_HINT = ("the sender's chunk and the receiver's buffer must have the same number of "
+              "elements and the same dtype: compute chunk boundaries the same way on every rank, "
+              "and size each receive buffer for the chunk that arrives, not the one you send "
+              "(allocate it with dtype=x.dtype).")
 
+RS_AG = Exercise(
+    key="lab01.rs_ag", answer="all_reduce_rs_ag", run=_run, grade=_grade_collective,
+    visible=_AR_VISIBLE, hidden=_AR_HIDDEN, settle=_settle,
+    rules=(Rule("Use `dist.reduce_scatter` and `dist.all_gather` (or their `_tensor` forms), "
+                "not `dist.all_reduce`.", _no_builtin("all_reduce")),
+           Rule("Call both collectives: a reduce-scatter, then an all-gather.",
+                _must_call("reduce_scatter", "all_gather")),
+           Rule(NEW_TENSOR, _input_unchanged)),
+    on_hang="every rank must call reduce_scatter and all_gather the same number of times, with "
+            "the same sizes.",
+    on_mismatch=_SIZE_HINT)
 
-def run_exercises(batch: Mapping[str, Mapping[str, Callable]], *, hidden: bool = False,
-                  timeout: float = TIMEOUT, catch: bool = True) -> dict[tuple[str, str], str | None]:
-    """Grade many functions, ``{exercise: {name: fn}}`` with exercise "rs_ag", "ring" or "tree".
+RING = Exercise(
+    key="lab01.ring", answer="ring_all_reduce", run=_run, grade=_grade_collective,
+    visible=_AR_VISIBLE, hidden=_RING_HIDDEN, settle=_settle,
+    rules=(Rule(_ONLY_P2P_SAYS, _no_builtin(*COLLECTIVES)),
+           Rule("Rank r sends only to (r + 1) % n and receives only from (r - 1) % n.",
+                _ring_neighbours),
+           Rule("Each message carries one chunk: 2(n − 1) messages of at most ceil(numel / n) "
+                "elements per rank.", _ring_chunks),
+           Rule(NEW_TENSOR, _input_unchanged)),
+    on_hang="a ring where every rank first calls a blocking dist.send waits forever: gloo's send "
+            "only completes once the neighbour posts the matching recv, and that neighbour is "
+            "itself stuck in send. Post both with dist.isend/dist.irecv and wait on both, or let "
+            "even ranks send first and odd ranks receive first.",
+    on_mismatch=_SIZE_HINT)
 
-    Returns {(exercise, name): None if it passed, else the failure message}.
-    Everything shares one launch per world size.  With ``catch`` an exception
-    in one function is recorded instead of ending the launch (one that raises
-    on only some ranks then leaves the others waiting until the process-group
-    timeout).  A hang or crash of the launch raises ``AssertionError``.
-    """
-    report = {(ex, name): None for ex, fns in batch.items() for name in fns}
-    sizes = sorted({n for ex in batch for n, _ in _EXERCISES[ex][2 if hidden else 1]}, reverse=True)
-    for n in sizes:
-        tasks = [((ex, name), fn, _EXERCISES[ex][0], cases)
-                 for ex, fns in batch.items() for name, fn in fns.items()
-                 for m, cases in _EXERCISES[ex][2 if hidden else 1]
-                 if m == n and report[(ex, name)] is None]
-        if not tasks:
-            continue
-        try:
-            per_rank = _launch(_on_ranks, args=(tasks, catch), nproc=n, timeout=timeout)
-        except LaunchError as err:
-            text = str(err) + " ".join(getattr(err, "failures", {}).values())
-            hang = isinstance(err, LaunchTimeout) or "Timed out" in text
-            names = ", ".join(name for (_, name), *_ in tasks)
-            what = "did not finish: the ranks waited for each other" if hang else "failed"
-            hints = {_EXERCISES[ex][3] for (ex, _), *_ in tasks} if hang else set()
-            if not hang and any(s in text for s in _DIED_MID_MESSAGE):
-                hints = {_SIZE_HINT}  # a rank died mid-message: most likely gloo's abort
-            tried = "; ".join(sorted({c.describe(n).rsplit(", world_size", 1)[0]
-                                      for *_, cases in tasks for c in cases}))
-            raise AssertionError(
-                f"{names} {what} on {n} ranks, in one of these cases: {tried}.\n"
-                + "".join(f"Hint: {h}.\n" for h in hints) + f"\n{err}") from None
-        for key, _, kind, cases in tasks:
-            report[key] = _grade(kind, key[1], n, cases, [out[key] for out in per_rank])
-    return report
-
-
-def _launch(fn, **kw):
-    from ..launcher import launch
-
-    return launch(fn, **kw)
-
-
-def _check(exercise: str, fn: Callable, hidden: bool, timeout: float) -> None:
-    if not callable(fn):
-        raise AssertionError(f"expected your function, got a {type(fn).__name__}")
-    name = getattr(fn, "__name__", "your function")
-    batch = {exercise: {name: fn}}
-    msg = run_exercises(batch, hidden=hidden, timeout=timeout, catch=False)[(exercise, name)]
-    if msg:
-        raise AssertionError(msg)
-    sets = _EXERCISES[exercise][2 if hidden else 1]
-    sizes = " and ".join(str(n) for n, _ in sets)
-    print(f"{name}: {sum(len(c) for _, c in sets)} {'hidden' if hidden else 'visible'} "
-          f"cases passed on {sizes} ranks")
-
-
-# ---------------------------------------------------------------- public checks
-def check_allreduce_from_rs_ag(fn: Callable, *, hidden: bool = False,
-                               timeout: float = TIMEOUT) -> None:
-    """Exercise 1: ``fn(x)`` returns the sum of ``x`` over all ranks via reduce-scatter + all-gather."""
-    _check("rs_ag", fn, hidden, timeout)
-
-
-def check_ring_allreduce(fn: Callable, *, hidden: bool = False, timeout: float = TIMEOUT) -> None:
-    """Exercise 2: ``fn(x)`` returns the sum of ``x`` over all ranks, built from point-to-point."""
-    _check("ring", fn, hidden, timeout)
-
-
-def check_tree_broadcast(fn: Callable, *, hidden: bool = False, timeout: float = TIMEOUT) -> None:
-    """Exercise 3: ``fn(x, root)`` returns root's ``x`` on every rank."""
-    _check("tree", fn, hidden, timeout)
+TREE = Exercise(
+    key="lab01.tree", answer="tree_broadcast", run=_run, grade=_grade_collective,
+    visible=_TREE_VISIBLE, hidden=_TREE_HIDDEN, settle=_settle,
+    rules=(Rule(_ONLY_P2P_SAYS.replace(": no collective.", ": no `dist.broadcast` or other "
+                                                           "collective."),
+                _no_builtin(*COLLECTIVES)),
+           Rule("Every rank sends to at most its two children, and every rank but the root "
+                "receives exactly once.", _tree_fan_out)),
+    on_hang="some rank waits for a message nobody sends: check that each child receives from "
+            "exactly the parent that sends to it, for every root and world size.",
+    on_mismatch=_SIZE_HINT)
 
 
 # ---------------------------------------------------------------- exercise 4
 # (numel, dtype, seconds, world_size); sizes in bytes as nccl-tests counts them.
-_BW_VISIBLE = [(3 * 2**18, torch.float64, 0.5, 2), (2**20, torch.float32, 0.01, 4),
-               (1000, torch.bfloat16, 2e-5, 8)]
-_BW_HIDDEN = [(12345, torch.int8, 3e-4, 16), (7, torch.float16, 1e-6, 3),
-              (2**30, torch.float32, 0.37, 5), (500, torch.int64, 1.5e-3, 1)]
+_BW_VISIBLE = ((1, ((3 * 2**18, "float64", 0.5, 2), (2**20, "float32", 0.01, 4),
+                    (1000, "bfloat16", 2e-5, 8))),)
+_BW_HIDDEN = ((1, ((12345, "int8", 3e-4, 16), (7, "float16", 1e-6, 3),
+                   (2**30, "float32", 0.37, 5), (500, "int64", 1.5e-3, 1))),)
 
 
-def _bw_mistakes(numel: int, dtype: torch.dtype, n: int, alg: float, bus: float):
+def _run_bandwidths(fn, case, i, spy):
+    numel, dtype, seconds, n = case
+    with spy.watch():
+        got = fn(numel, getattr(torch, dtype), seconds, n)
+    if isinstance(got, (tuple, list)) and len(got) == 2:
+        return [_plain_number(v) for v in got]
+    return {"not_a_pair": repr(got)[:200]}
+
+
+def _plain_number(v):
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return v.item()
+    return v if isinstance(v, (int, float, bool)) or v is None else repr(v)[:100]
+
+
+def _bw_mistakes(n: int, k: int, alg: float, bus: float):
     """(value a typical mistake gives, what the mistake is) for algbw and busbw."""
-    k = dtype.itemsize
     alg_m = [(alg * 8, "That is 8x too large: bits instead of bytes? S is in bytes."),
              (alg / n, "That is 1/world_size of it: S is the whole tensor, not one rank's share."),
              (alg / k, f"That is 1/{k} of it: count bytes (numel x element size), not elements."),
@@ -360,27 +339,36 @@ def _bw_mistakes(numel: int, dtype: torch.dtype, n: int, alg: float, bus: float)
     return alg_m, bus_m
 
 
-def _check_bw_case(fn: Callable, numel: int, dtype: torch.dtype, seconds: float, n: int) -> None:
-    s = numel * dtype.itemsize
-    alg = _ref_algbw(s, seconds) / 1e9
-    bus = _ref_busbw("all_reduce", s, seconds, n) / 1e9
-    call = f"bandwidths(numel={numel}, dtype={dtype}, seconds={seconds}, world_size={n})"
-    try:
-        got = fn(numel, dtype, seconds, n)
-    except Exception as exc:  # noqa: BLE001 - report it in the student's terms
-        raise AssertionError(f"{call} raised {type(exc).__name__}: {exc}") from None
-    if not isinstance(got, (tuple, list)) or len(got) != 2:
-        raise AssertionError(f"{call} should return a pair (algbw, busbw), got {got!r}")
-    alg_m, bus_m = _bw_mistakes(numel, dtype, n, alg, bus)
-    assert_number(got[0], alg, f"algbw of {call}", alg_m, unit="GB/s")
-    assert_number(got[1], bus, f"busbw of {call}", bus_m, unit="GB/s")
+def _grade_bandwidths(g: Graded) -> str | None:
+    for i, (numel, dtype, seconds, n) in enumerate(g.cases[:len(g.results[0])]):
+        got = g.results[0][i]
+        call = f"bandwidths(numel={numel}, dtype=torch.{dtype}, seconds={seconds}, world_size={n})"
+        if isinstance(got, dict):
+            return f"{call} should return a pair (algbw, busbw), got {got['not_a_pair']}"
+        k = getattr(torch, dtype).itemsize
+        s = numel * k
+        alg, bus = _ref_algbw(s, seconds) / 1e9, _ref_busbw("all_reduce", s, seconds, n) / 1e9
+        alg_m, bus_m = _bw_mistakes(n, k, alg, bus)
+        try:
+            assert_number(got[0], alg, f"algbw of {call}", alg_m, unit="GB/s")
+            assert_number(got[1], bus, f"busbw of {call}", bus_m, unit="GB/s")
+        except AssertionError as err:
+            return str(err)
+    return None
 
 
-def check_bandwidths(fn: Callable, *, hidden: bool = False) -> None:
-    """Exercise 4: ``fn(numel, dtype, seconds, world_size) -> (algbw, busbw)`` in GB/s (1e9 B/s)
-    for an all-reduce, with the nccl-tests definitions (doc/PERFORMANCE.md; shared/FACTS.md)."""
-    cases = _BW_HIDDEN if hidden else _BW_VISIBLE
-    for case in cases:
-        _check_bw_case(fn, *case)
-    print(f"{getattr(fn, '__name__', 'bandwidths')}: {len(cases)} "
-          f"{'hidden' if hidden else 'visible'} cases passed")
+BANDWIDTHS = Exercise(
+    key="lab01.bandwidths", answer="bandwidths", run=_run_bandwidths, grade=_grade_bandwidths,
+    visible=_BW_VISIBLE, hidden=_BW_HIDDEN, solo=True)
+
+EXERCISES = {"rs_ag": RS_AG, "ring": RING, "tree": TREE, "bandwidths": BANDWIDTHS}
+
+check_allreduce_from_rs_ag = checker(RS_AG, """Exercise 1: ``fn(x)`` returns the sum of ``x`` over
+all ranks, built from reduce-scatter + all-gather.""")
+check_ring_allreduce = checker(RING, """Exercise 2: ``fn(x)`` returns the sum of ``x`` over all
+ranks, built from point-to-point messages around a ring.""")
+check_tree_broadcast = checker(TREE, """Exercise 3: ``fn(x, root)`` returns root's ``x`` on every
+rank, sent down a binary tree.""")
+check_bandwidths = checker(BANDWIDTHS, """Exercise 4: ``fn(numel, dtype, seconds, world_size) ->
+(algbw, busbw)`` in GB/s (1e9 B/s) for an all-reduce, with the nccl-tests definitions
+(NVIDIA nccl-tests, doc/PERFORMANCE.md).""")

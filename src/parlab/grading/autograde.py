@@ -1,0 +1,202 @@
+"""nbgrader's execute step, hardened for parlab's labs.
+
+``nbgrader_config.py`` puts ``GuardedExecute`` in place of nbgrader's
+``Execute``.  It runs a submission's cells in its kernel as usual, with two
+changes:
+
+**Test cells are graded outside the kernel.**  nbgrader restores a test
+cell's source but runs it in the student's kernel, where an earlier cell
+may have replaced the check, ``parlab``, torch or a builtin.  So while a
+submission is graded, the checks in the kernel only say that they were
+recorded (``PARLAB_AUTOGRADE`` is set).  After each graded test cell this
+preprocessor reads the ``labNN.check_x(answer, hidden=...)`` calls from
+the restored source, has the kernel pickle each ``answer`` by value into a
+file, and runs ``python -m parlab.grading.sandbox`` on it: a fresh process
+that imports the checks itself, unpickles the answer only on the ranks, and
+takes back only plain data.  The cell's outputs are replaced by the
+sandbox's: its printout, and an ``AssertionError`` when the answer failed.
+Whatever the kernel did to itself, it cannot change that verdict; at most
+it can hand in a different answer, which is then what gets graded.
+
+**A cell that kills the kernel costs only its own points.**  nbgrader 0.9
+gives up on a whole submission when the kernel dies (``os._exit``, running
+out of memory).  Here the death is recorded as that cell's error, the kernel
+is restarted, the cells before it are replayed (skipping any that kill it
+again) and grading goes on, so the other exercises are still scored.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+from nbclient.exceptions import DeadKernelError
+from nbclient.util import run_sync
+from nbformat import NotebookNode
+from nbgrader.preprocessors import Execute
+
+from .harness import AUTOGRADE_ENV
+
+_LAB = re.compile(r"lab\d\d")
+
+
+def graded_calls(source: str) -> list[dict]:
+    """The ``labNN.check_x(expr, hidden=...)`` calls in a test cell, in order.
+
+    Each is ``{"lab", "check", "answer" (the argument's source), "hidden"}``.
+    Only this shape is recognised; anything else in the cell is ignored.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    calls = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and _LAB.fullmatch(node.func.value.id)
+                and node.func.attr.startswith("check_") and node.args):
+            continue
+        hidden = any(k.arg == "hidden" and isinstance(k.value, ast.Constant) and k.value.value is True
+                     for k in node.keywords)
+        calls.append({"lab": node.func.value.id, "check": node.func.attr,
+                      "answer": ast.get_source_segment(source, node.args[0]), "hidden": hidden,
+                      "line": node.lineno})
+    return sorted(calls, key=lambda c: c["line"])
+
+
+def _is_test_cell(cell) -> bool:
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.get("cell_type") == "code" and meta.get("grade") and not meta.get("solution")
+
+
+def _error(ename: str, message: str) -> NotebookNode:
+    return NotebookNode(output_type="error", ename=ename, evalue=message,
+                        traceback=[f"{ename}: {message}"])
+
+
+def _stdout(text: str) -> NotebookNode:
+    return NotebookNode(output_type="stream", name="stdout", text=text)
+
+
+class GuardedExecute(Execute):
+    """nbgrader's Execute with sandboxed test cells and kernel-death recovery."""
+
+    def preprocess(self, nb, resources=None, km=None):
+        self._workdir = tempfile.mkdtemp(prefix="parlab-autograde-")
+        self._killers: set[int] = set()
+        saved = os.environ.get(AUTOGRADE_ENV)
+        os.environ[AUTOGRADE_ENV] = self._workdir  # inherited by the kernel it starts
+        try:
+            return super().preprocess(nb, resources, km)
+        finally:
+            if saved is None:
+                os.environ.pop(AUTOGRADE_ENV, None)
+            else:
+                os.environ[AUTOGRADE_ENV] = saved
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def preprocess_cell(self, cell, resources, index):
+        self._check_assign_resources(resources)
+        try:
+            cell = self.execute_cell(cell, index, store_history=True)
+        except DeadKernelError:
+            self._killers.add(index)
+            cell.outputs.append(_error(
+                "KernelDied", "the kernel died while running this cell (os._exit, a crash, or out "
+                "of memory). The kernel was restarted and the cells above were run again, so the "
+                "rest of the notebook is still graded."))
+            self._restart_and_replay(index)
+            return cell, self.resources
+        if _is_test_cell(cell):
+            calls = graded_calls(cell.source)
+            if calls:
+                cell.outputs = self._grade(calls, index)
+        return cell, self.resources
+
+    # ------------------------------------------------------------ sandbox
+    def _grade(self, calls: list[dict], index: int) -> list:
+        outputs, printed = [], []
+        for k, call in enumerate(calls):
+            payload = os.path.join(self._workdir, f"cell{index}-{k}.pkl")
+            problem = self._dump(call["answer"], payload, index)
+            if problem:
+                outputs.append(_error("AssertionError", problem))
+                break
+            verdict, text = self._sandbox(call, payload)
+            printed.append(text)
+            if not verdict["passed"]:
+                outputs.append(_error("AssertionError", verdict["message"]))
+                break
+            printed.append(verdict["message"] + "\n")
+        return ([_stdout("".join(printed))] if "".join(printed) else []) + outputs
+
+    def _dump(self, answer: str, path: str, index: int) -> str | None:
+        """Have the kernel pickle ``answer`` by value into ``path``; a message if it could not."""
+        code = ("import cloudpickle as __parlab_cp\n"
+                f"with open({path!r}, 'wb') as __parlab_f:\n"
+                f"    __parlab_f.write(__parlab_cp.dumps({answer}))\n")
+        probe = NotebookNode(cell_type="code", source=code, metadata={}, outputs=[],
+                             execution_count=None, id=f"parlab-dump-{index}")
+        try:
+            self.execute_cell(probe, index, store_history=False)
+        except DeadKernelError:
+            self._restart_and_replay(index)
+            return f"the kernel died while handing in {answer} for grading."
+        if os.path.exists(path):
+            return None
+        errors = [o for o in probe.outputs if o.get("output_type") == "error"]
+        why = f" ({errors[0]['ename']}: {errors[0]['evalue']})" if errors else ""
+        return (f"{answer} could not be handed in for grading{why}. Did the cell that defines it "
+                "run without an error?")
+
+    def _sandbox(self, call: dict, payload: str) -> tuple[dict, str]:
+        request = os.path.join(self._workdir, os.path.basename(payload) + ".json")
+        verdict_path = request + ".verdict"
+        with open(request, "w") as f:
+            json.dump({"lab": call["lab"], "check": call["check"], "hidden": call["hidden"],
+                       "name": call["answer"], "payload": payload, "verdict": verdict_path}, f)
+        env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
+        proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the sandbox's own session: it and its ranks
+            out, _ = proc.communicate()
+            return {"passed": False, "message": f"grading {call['answer']} took longer than "
+                    f"{self.timeout} s and was stopped."}, out
+        try:
+            with open(verdict_path) as f:
+                return json.load(f), out
+        except (OSError, ValueError):
+            return {"passed": False, "message": "the grader could not finish (exit code "
+                    f"{proc.returncode}):\n{out[-3000:]}"}, ""
+
+    # ------------------------------------------------------------ kernel death
+    def _restart_kernel(self) -> None:
+        run_sync(self.km.restart_kernel)(now=True)
+        if self.kc is not None:
+            self.kc.stop_channels()
+        run_sync(self.async_start_new_kernel_client)()
+
+    def _restart_and_replay(self, index: int) -> None:
+        """A fresh kernel holding what the cells before ``index`` defined (killers skipped)."""
+        self._restart_kernel()
+        for earlier in range(index):
+            cell = self.nb.cells[earlier]
+            if cell.cell_type != "code" or earlier in self._killers or _is_test_cell(cell):
+                continue
+            try:
+                self.execute_cell(copy.deepcopy(cell), earlier, store_history=False)
+            except DeadKernelError:
+                self._killers.add(earlier)
+                self._restart_kernel()
+                return self._restart_and_replay(index)
