@@ -38,7 +38,8 @@ import torch.distributed as dist
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
                "gather", "scatter", "barrier")
-POINT_TO_POINT = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+#: ``batch_isend_irecv`` is seen through the isend/irecv calls it makes.
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 _PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 
@@ -98,6 +99,7 @@ class Spy:
         self.backward_depth = 0
         self.ddp = 0
         self.mutated: list[str] = []
+        self.events: list[dict] = []
         self._guarded: list[tuple[str, torch.Tensor, torch.Tensor]] = []
         self._paused = 0
         self._watching = False
@@ -107,6 +109,17 @@ class Spy:
         """Remember these inputs so ``record()`` can tell whether they were modified."""
         for name, t in tensors.items():
             self._guarded.append((name, t, t.detach().clone()))
+
+    def note(self, event: str, **facts) -> None:
+        """Record something the grader's own code saw while the student's code ran.
+
+        For example a callback handed to the student was called, or a forward
+        pass or an optimizer step happened.  Events keep their order and carry
+        the backward passes and dist calls counted so far; ``facts`` must be
+        plain data.
+        """
+        self.events.append({"event": event, "backward": self.backward,
+                            "calls": len(self.calls), **facts})
 
     def _wrap_dist(self, op: str, original):
         spy = self
@@ -123,12 +136,8 @@ class Spy:
             if op in _PEER_ARG:
                 peer = kwargs.get(_PEER_ARG[op], args[1] if len(args) > 1 else None)
                 call["peer"] = int(peer) if peer is not None else None
-            if op == "batch_isend_irecv":
-                call["async"] = True
             spy.calls.append(call)
             work = original(*args, **kwargs)
-            if op == "batch_isend_irecv" and isinstance(work, list):
-                return [_Work(w, call, spy) for w in work]
             return _Work(work, call, spy) if work is not None and hasattr(work, "wait") else work
         return recorded
 
@@ -153,10 +162,17 @@ class Spy:
             return
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        from torch.distributed import distributed_c10d as c10d
+
         patches: list[tuple[Any, str, Any]] = []
         for op in COLLECTIVES + POINT_TO_POINT:
             if hasattr(dist, op):
-                patches.append((dist, op, self._wrap_dist(op, getattr(dist, op))))
+                wrapper = self._wrap_dist(op, getattr(dist, op))
+                patches.append((dist, op, wrapper))
+                if getattr(c10d, op, None) is getattr(dist, op):
+                    # torch checks P2POp's op against c10d's own isend/irecv, and
+                    # batch_isend_irecv calls them from there: patch both names.
+                    patches.append((c10d, op, wrapper))
         patches.append((torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward)))
         patches.append((torch.autograd, "backward", self._wrap_backward(torch.autograd.backward)))
         ddp_init = DDP.__init__
@@ -195,7 +211,8 @@ class Spy:
             if not same and name not in mutated:
                 mutated.append(name)
         return {"calls": [dict(c) for c in self.calls], "printed": "".join(self.printed),
-                "backward": self.backward, "ddp": self.ddp, "mutated": mutated}
+                "backward": self.backward, "ddp": self.ddp, "mutated": mutated,
+                "events": [dict(e) for e in self.events]}
 
 
 # ---------------------------------------------------------------- reading a record
