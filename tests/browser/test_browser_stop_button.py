@@ -1,0 +1,75 @@
+"""The toolbar's stop button during a long launch."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+LONG_LAUNCH = '''import time
+
+import torch.distributed as dist
+import parlab
+
+
+def sleepy():
+    print("sleeping", flush=True)
+    time.sleep(60)
+    return dist.get_rank()
+
+
+parlab.launch(sleepy, nproc=2, timeout=300)
+'''
+NEXT_LAUNCH = '''def again():
+    print("back again", flush=True)
+    return dist.get_rank() * 10
+
+
+parlab.launch(again, nproc=2)
+'''
+
+
+def alive(pids) -> set[int]:
+    """The pids that are still running (a zombie has ended: it only waits to be reaped)."""
+    running = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+def test_stop_button_ends_the_launch_quickly_and_leaves_nothing(open_notebook, lab_server):
+    nb = open_notebook("00-setup/00-setup.ipynb")
+    before = lab_server.processes()  # the server and this notebook's kernel
+
+    cell = nb.add_cell(LONG_LAUNCH)
+    nb.run(cell)
+    # Both ranks are up and asleep once each has printed.
+    expect(nb.outputs(cell).locator("pre", has_text="sleeping")).to_have_count(2, timeout=90_000)
+    launch = lab_server.processes() - before
+    assert len(launch) >= 3, f"expected torchrun and 2 ranks under this server, found {launch}"
+    nb.screenshot("stop-button-before", cell)
+
+    nb.interrupt()
+    pressed = time.monotonic()
+    nb.wait_done(cell, timeout=30)
+    took = time.monotonic() - pressed
+    nb.screenshot("stop-button-after", cell)
+    assert took < 3.0, f"the cell ended {took:.1f} s after the stop button (limit 3 s)"
+    expect(nb.top_level(cell, "application/vnd.jupyter.stderr")).to_contain_text("KeyboardInterrupt")
+
+    left = alive(launch) | alive(lab_server.processes() - before)
+    assert not left, f"processes of the stopped launch still run: {sorted(left)}"
+
+    again = nb.add_cell(NEXT_LAUNCH)
+    nb.run_and_wait(again, timeout=120)
+    expect(nb.top_level(again, "text/plain")).to_have_text("[0, 10]")
+    expect(nb.outputs(again).locator("pre", has_text="back again")).to_have_count(2)
+    nb.screenshot("stop-button-next-launch", again)
