@@ -11,7 +11,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test doctor bench release clean-venv
+.PHONY: setup lab test test-gpu doctor bench release clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ lab: setup
 
 test: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+# The GPU tier alone (tests/gpu): NCCL launches, tiny models on CUDA, the labs' checks on GPUs.
+# Skipped, with the reason, on a machine without CUDA.
+test-gpu: setup
+	$(PY) -m pytest -m gpu -rs $(PYTEST_ARGS)
 
 doctor: setup
 	$(VENV)/bin/parlab doctor
