@@ -1,11 +1,21 @@
-"""Typical wrong answers to Lab 00's exercises.
+"""Typical wrong answers to Lab 00's exercises, and right ones written differently.
 
 ``WRONG`` maps each exercise to (fixture, the words the check's message must
-contain).  tests/test_lab00.py runs every fixture through its check.
+contain); ``HELLO`` holds hello()'s, which run on ranks.  The ``RULES``
+fixtures return the right greeting but break the rule the notebook states
+about printing it.  ``RIGHT`` maps each exercise to correct answers that
+differ from the solution.  tests/test_lab00.py grades them all with the
+checks the notebook calls.
 """
 import math
+import os
+import sys
 
+import numpy as np
+import torch
 import torch.distributed as dist
+
+from parlab import cost
 
 # ------------------------------------------------------------ hello (run on ranks)
 
@@ -34,6 +44,51 @@ def hello_not_str():
     return dist.get_rank()
 
 
+def hello_fixed_world_of_two():
+    # Right on the 2 visible ranks, wrong on the 3 hidden ones.
+    message = f"hello from rank {dist.get_rank()} of 2"
+    print(message)
+    return message
+
+
+def hello_trailing_newline():
+    message = f"hello from rank {dist.get_rank()} of {dist.get_world_size()}\n"
+    print(message, end="")
+    return message
+
+
+def _greeting():
+    return f"hello from rank {dist.get_rank()} of {dist.get_world_size()}"
+
+
+# ------------------------------------------------------------ hello: the printing rule
+
+
+def hello_returns_without_printing():
+    return _greeting()
+
+
+def hello_prints_own_prefix():
+    print(f"[rank {dist.get_rank()}] {_greeting()}")
+    return _greeting()
+
+
+def hello_prints_on_rank0_only():
+    if dist.get_rank() == 0:
+        print(_greeting())
+    return _greeting()
+
+
+def hello_prints_something_else():
+    print("hello!")
+    return _greeting()
+
+
+def hello_prints_to_stderr():
+    print(_greeting(), file=sys.stderr)
+    return _greeting()
+
+
 HELLO = [
     (hello_no_return, "forget|does not return"),
     (hello_fixed_rank, "dist.get_rank()"),
@@ -41,6 +96,16 @@ HELLO = [
     (hello_fixed_world, "dist.get_world_size()"),
     (hello_typo, "capitals"),
     (hello_not_str, "should return the string"),
+    (hello_fixed_world_of_two, "dist.get_world_size()"),
+    (hello_trailing_newline, "spaces or newline"),
+]
+
+RULES = [
+    (hello_returns_without_printing, r"rank 0 printed nothing.*print\(message\)"),
+    (hello_prints_own_prefix, r"more than the greeting.*adds the \[rank r\] prefix"),
+    (hello_prints_on_rank0_only, "rank 1 printed nothing"),
+    (hello_prints_something_else, "no line 'hello from rank 0 of 2'"),
+    (hello_prints_to_stderr, "nothing on standard output"),
 ]
 
 # ------------------------------------------------------------ weight_bytes
@@ -64,6 +129,14 @@ def weight_always_bf16(n, b):
 
 def weight_no_return(n, b):
     n * b
+
+
+def weight_as_text(n, b):
+    return f"{n * b / 1e9:.0f} GB"
+
+
+def weight_as_tensor(n, b):
+    return torch.tensor(float(n)) * b
 
 
 # ------------------------------------------------------------ training_state_bytes
@@ -93,6 +166,10 @@ def state_gib(n):
     return 16 * n / 2**30
 
 
+def state_weights_only(n):
+    return 2 * n
+
+
 # ------------------------------------------------------------ gpus_to_hold_state
 
 
@@ -110,6 +187,14 @@ def gpus_float(n, mem):
 
 def gpus_weights_only(n, mem):
     return math.ceil(2 * n / mem)
+
+
+def gpus_weights_and_grads(n, mem):
+    return math.ceil(4 * n / mem)
+
+
+def gpus_ceil_division_float(n, mem):
+    return -(-16 * n // mem)  # the ceiling idiom, but on floats it gives 14.0
 
 
 # ------------------------------------------------------------ days_to_train
@@ -143,6 +228,10 @@ def days_one_gpu(n, tokens, gpus, peak, mfu):
     return 6 * n * tokens / (peak * mfu) / 86_400
 
 
+def days_in_minutes(n, tokens, gpus, peak, mfu):
+    return 6 * n * tokens / (gpus * peak * mfu) / 60
+
+
 WRONG = {
     "weight_bytes": [
         (weight_bits, "bits, not bytes"),
@@ -150,6 +239,8 @@ WRONG = {
         (weight_gib, "GiB"),
         (weight_always_bf16, "ignored bytes_per_param"),
         (weight_no_return, "forget the `return`"),
+        (weight_as_text, r"'140 GB' \(str\); it should return a number"),
+        (weight_as_tensor, r"\(Tensor\); it should return a number"),
     ],
     "training_state_bytes": [
         (state_optimizer_only, "only the optimizer state"),
@@ -158,12 +249,15 @@ WRONG = {
         (state_master_twice, "twice"),
         (state_bits, "bits, not bytes"),
         (state_gib, "GiB"),
+        (state_weights_only, "weights alone"),
     ],
     "gpus_to_hold_state": [
         (gpus_floor, "rounded down"),
         (gpus_round, "rounded down|nearest"),
         (gpus_float, "int"),
         (gpus_weights_only, "only the weights"),
+        (gpus_weights_and_grads, "weights and gradients only"),
+        (gpus_ceil_division_float, "return it as an int"),
     ],
     "days_to_train": [
         (days_no_six, "left out the 6"),
@@ -173,5 +267,82 @@ WRONG = {
         (days_in_seconds, "in seconds"),
         (days_in_hours, "in hours"),
         (days_one_gpu, "divide by n_gpus"),
+        (days_in_minutes, "in minutes"),
     ],
+}
+
+# ------------------------------------------------------------ right, written differently
+
+
+def hello_flushes():
+    message = "hello from rank {} of {}".format(dist.get_rank(), dist.get_world_size())
+    print(message, flush=True)
+    return message
+
+
+def hello_from_environment():
+    # torchrun sets RANK and WORLD_SIZE for every rank.
+    message = "hello from rank %s of %s" % (os.environ["RANK"], os.environ["WORLD_SIZE"])
+    print("starting")  # other lines may be printed too
+    print(message)
+    return message
+
+
+def hello_print_with_commas():
+    rank, n = dist.get_rank(), dist.get_world_size()
+    print("hello from rank", rank, "of", n)
+    return " ".join(["hello from rank", str(rank), "of", str(n)])
+
+
+def hello_writes_stdout():
+    message = _greeting()
+    sys.stdout.write(message + "\n")
+    return message
+
+
+def weight_numpy(n, b):
+    return np.float64(n) * b
+
+
+def weight_with_cost(n, b):
+    return cost.weights_bytes(n, b)
+
+
+def state_itemised(n):
+    weights, grads, master, momentum, variance = 2 * n, 2 * n, 4 * n, 4 * n, 4 * n
+    return weights + grads + master + momentum + variance
+
+
+def state_with_cost(n):
+    return cost.training_bytes(n).total
+
+
+def gpus_integer_ceiling(n, mem):
+    return int(-(-16 * n // mem))
+
+
+def gpus_numpy(n, mem):
+    return np.int64(np.ceil(16 * n / mem))
+
+
+def gpus_from_state(n, mem):
+    return math.ceil(state_itemised(n) / mem)
+
+
+def days_in_steps(n, tokens, gpus, peak, mfu):
+    flops = 6 * n * tokens
+    per_second = gpus * peak * mfu
+    return flops / per_second / 3600 / 24
+
+
+def days_with_cost(n, tokens, gpus, peak, mfu):
+    return cost.time_to_train(n, tokens, gpus, peak, mfu) / cost.SECONDS_PER_DAY
+
+
+RIGHT = {
+    "hello": [hello_flushes, hello_from_environment, hello_print_with_commas, hello_writes_stdout],
+    "weight_bytes": [weight_numpy, weight_with_cost],
+    "training_state_bytes": [state_itemised, state_with_cost],
+    "gpus_to_hold_state": [gpus_integer_ceiling, gpus_numpy, gpus_from_state],
+    "days_to_train": [days_in_steps, days_with_cost],
 }
