@@ -4,7 +4,9 @@
 VENV        ?= .venv
 PYTHON      ?= python3
 TORCH_SPEC  ?= torch==2.13.0
-# Extra pip options for the torch install, e.g. TORCH_PIP_ARGS="--index-url <PyTorch CPU index>"
+# Extra pip options for the torch install.  A laptop without this course's local
+# CPU wheel needs PyTorch's CPU index, or pip fetches the multi-GB CUDA build:
+#   make lab TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?=
 CONSTRAINTS ?= constraints/cpu.txt
 PY      := $(VENV)/bin/python
@@ -14,7 +16,9 @@ PYTEST_ARGS ?=
 .PHONY: setup lab test test-gpu doctor bench release clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
+	@$(PY) -m pip --version >/dev/null 2>&1 || { echo "$(VENV) has no pip (made without the venv module?). On Debian/Ubuntu: sudo apt-get install python3-venv; then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
+	@echo "parlab: installing $(TORCH_SPEC) and the course packages into $(VENV): about 3 minutes, silent until done (only the first time)"
 	$(PY) -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[test]"
 	@$(PY) -c "import torch, parlab; print('parlab ready: torch', torch.__version__)"
