@@ -50,7 +50,7 @@ class Call:
 
     def describe(self, n: int) -> str:
         call = f"{self.name}({', '.join(_n(a) for a in self.args)})"
-        return f"{call} on {n} ranks" if self.on_ranks else call
+        return f"{call} on {n} rank{'s' if n != 1 else ''}" if self.on_ranks else call
 
 
 # ------------------------------------------------------------------- hello
