@@ -166,6 +166,14 @@ def state_gib(n):
     return 16 * n / 2**30
 
 
+def _weight_bytes(n, b):
+    return n * b
+
+
+def state_reuses_weight_bytes_wrongly(n):
+    return _weight_bytes(n) * 8  # TypeError: the helper takes two arguments
+
+
 def state_weights_only(n):
     return 2 * n
 
@@ -232,6 +240,12 @@ def days_in_minutes(n, tokens, gpus, peak, mfu):
     return 6 * n * tokens / (gpus * peak * mfu) / 60
 
 
+def days_as_timedelta(n, tokens, gpus, peak, mfu):
+    import datetime
+
+    return datetime.timedelta(seconds=6 * n * tokens / (gpus * peak * mfu))
+
+
 WRONG = {
     "weight_bytes": [
         (weight_bits, "bits, not bytes"),
@@ -250,6 +264,7 @@ WRONG = {
         (state_bits, "bits, not bytes"),
         (state_gib, "GiB"),
         (state_weights_only, "weights alone"),
+        (state_reuses_weight_bytes_wrongly, r"raised TypeError.*training_state_bytes\(70e9\)"),
     ],
     "gpus_to_hold_state": [
         (gpus_floor, "rounded down"),
@@ -268,6 +283,7 @@ WRONG = {
         (days_in_hours, "in hours"),
         (days_one_gpu, "divide by n_gpus"),
         (days_in_minutes, "in minutes"),
+        (days_as_timedelta, r"\(timedelta\); it should return a number \(in days\)"),
     ],
 }
 

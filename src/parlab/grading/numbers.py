@@ -76,7 +76,8 @@ def number_message(got, want: float, call: str, mistakes: Sequence[tuple[float, 
         return f"{call} returned None: did you forget the `return` statement?"
     if isinstance(got, bool) or not isinstance(got, Real):
         text, kind = shown(got)
-        return f"{call} returned {text} ({kind}); it should return a number{unit}."
+        in_unit = f" (in{unit})" if unit else ""
+        return f"{call} returned {text} ({kind}); it should return a number{in_unit}."
     value = float(got)
     if not math.isfinite(value):
         return (f"{call} returned {got!r}, expected {want:.6g}{unit}: a division by zero or an "
