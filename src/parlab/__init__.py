@@ -1,7 +1,7 @@
 """parlab: hands-on labs for distributed-training parallelism.
 
-The launcher (``launch``, ``run_script``, the ``%%torchrun`` magic) runs code
-from a notebook on many ranks through torchrun.  The science core lives in
+The launcher (``parlab.launch``: ``launch``, ``run_script``, the ``%%torchrun``
+magic) runs code from a notebook on many ranks through torchrun.  The science core lives in
 submodules that are imported on first use, so ``import parlab`` stays cheap:
 
 - ``parlab.models``    tiny GPT and tiny Hugging Face models built from configs
@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import LaunchError, LaunchTimeout, WorkerError
-from .launcher import launch, run_script
-from .runtime import device
+from . import launch  # the package parlab.launch, callable as the function launch()
+from .launch import LaunchError, LaunchTimeout, WorkerError, device, run_script
 
 __all__ = [
     "LaunchError",
@@ -43,6 +42,6 @@ def __getattr__(name):
 
 def load_ipython_extension(ipython):
     """``%load_ext parlab`` registers the ``%%torchrun`` cell magic."""
-    from .magic import register
+    from .launch.magic import register
 
     register(ipython)

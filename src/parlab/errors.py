@@ -1,40 +1,4 @@
-"""The exceptions a launch can raise in the notebook."""
-from __future__ import annotations
+"""The exceptions a launch can raise (defined in ``parlab.launch.errors``)."""
+from .launch.errors import LaunchError, LaunchTimeout, WorkerError
 
-
-class LaunchError(RuntimeError):
-    """Base class: something went wrong while running code on the ranks."""
-
-
-class WorkerError(LaunchError):
-    """A rank raised an exception (or died) while running the launched code.
-
-    Attributes:
-        rank: the first rank that failed.
-        remote_traceback: that rank's traceback, as text, with notebook cells
-            named as ``Cell In[n]``.
-        exc_type: the name of the exception type raised on the rank.
-        stacks: where the other ranks were when the failure was seen
-            (rank -> text); empty when they had already finished.
-        failures: every rank that failed, rank -> one-line summary.
-    """
-
-    def __init__(self, message: str, *, rank: int, remote_traceback: str = "",
-                 exc_type: str = "", stacks: dict | None = None, failures: dict | None = None):
-        super().__init__(message)
-        self.rank = rank
-        self.remote_traceback = remote_traceback
-        self.exc_type = exc_type
-        self.stacks = dict(stacks or {})
-        self.failures = dict(failures or {})
-
-
-class LaunchTimeout(LaunchError, TimeoutError):
-    """The launch ran past its ``timeout``; ``.stacks`` maps rank -> Python stack."""
-
-    def __init__(self, message: str, *, timeout: float, stacks: dict | None = None,
-                 status: dict | None = None):
-        super().__init__(message)
-        self.timeout = timeout
-        self.stacks = dict(stacks or {})
-        self.status = dict(status or {})
+__all__ = ["LaunchError", "LaunchTimeout", "WorkerError"]

@@ -7,7 +7,8 @@ import sysconfig
 
 _FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)')
 _TB_FILE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+)')
-_PARLAB_DIR = os.path.dirname(os.path.abspath(__file__))
+_PARLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the parlab package
+_WORKER = os.path.join("parlab", "launch", "worker.py")
 _LIB_DIRS = tuple(
     p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
 )
@@ -57,7 +58,7 @@ def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
             if m:
                 current.append((m.group("file"), int(m.group("line")), m.group("func").strip()))
     for frames in blocks:
-        if any(f.endswith(os.path.join("parlab", "_worker.py")) and fn == "main" for f, _, fn in frames):
+        if any(f.endswith(_WORKER) and fn == "main" for f, _, fn in frames):
             return frames
     return blocks[0] if blocks else []
 
@@ -73,7 +74,7 @@ def where(frames: list[tuple[str, int, str]], labels: dict) -> str:
 
     user = next((f for f in frames if f[0] in labels or not _is_library(f[0])), None)
     inner = frames[0]
-    in_setup = any(f[0].endswith(os.path.join("parlab", "_worker.py")) and f[2] == "_prepare_rank"
+    in_setup = any(f[0].endswith(_WORKER) and f[2] == "_prepare_rank"
                    for f in frames)
     importing = any(f[0].startswith("<frozen importlib") for f in frames)
     if user is None and (in_setup or importing):

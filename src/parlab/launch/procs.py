@@ -1,47 +1,34 @@
 """Process helpers: identify a process exactly and end it without touching others.
 
 We never kill by name.  A process is named by (pid, start time) so that a pid
-that was reused by an unrelated program is left alone.
+that was reused by an unrelated program is left alone.  psutil gives the start
+time, the state and the environment on Linux and macOS alike.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
+
+import psutil
 
 _PR_SET_PDEATHSIG = 1
 
 
 def start_time(pid: int) -> str | None:
-    """A token that changes when ``pid`` is reused, or None if ``pid`` is gone."""
-    if not os.path.isdir("/proc/self"):
-        return _start_time_from_ps(pid)
+    """A token that changes when ``pid`` is reused, or None if ``pid`` is gone (or a zombie)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{proc.create_time():.3f}"
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return None
-    # The command name (field 2) may contain spaces and parentheses.
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":  # a zombie has already exited
-        return None
-    return fields[19].decode()  # field 22 overall: start time in clock ticks
-
-
-def _start_time_from_ps(pid: int) -> str | None:
-    """Where there is no /proc (macOS): ps's start time, made into one word."""
-    try:
-        out = subprocess.run(["ps", "-o", "lstart=", "-o", "stat=", "-p", str(pid)],
-                             capture_output=True, text=True, timeout=5).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not out or out[-1].startswith("Z"):
-        return None
-    return "_".join(out[:-1])
+    except psutil.AccessDenied:  # another user's process: it exists, but is never ours
+        return "other-user"
 
 
 def alive(pid: int) -> bool:
@@ -64,35 +51,31 @@ def maybe_same_process(pid: int, token: str | None) -> bool:
     """False only when ``pid`` has surely ended: safe for deciding what to delete."""
     now = start_time(pid)
     if now is None:
-        return alive(pid) and not os.path.isdir("/proc/self")  # ps failed but the pid exists
-    return token is None or now == token
+        return False
+    return token is None or now == token or now == "other-user"
 
 
 def processes_with_env(key: str, value: str) -> list[tuple[int, str]]:
-    """(pid, token) of this user's processes whose environment holds key=value (Linux).
+    """(pid, token) of this user's processes whose environment holds key=value.
 
     Every process of a launch, torchrun, the ranks and anything a rank starts,
     inherits PARLAB_JOB_DIR, so this finds them all, orphans included, and
-    nothing else.  Returns [] where /proc is missing.
+    nothing else.  Processes whose environment we may not read are skipped.
     """
-    needle = b"\0" + f"{key}={value}".encode() + b"\0"
     found = []
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        if pid == os.getpid():
-            continue
+    me = os.getpid()
+    uid = os.getuid()
+    for proc in psutil.process_iter(["uids"]):
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle not in b"\0" + f.read() + b"\0":
-                    continue
-        except OSError:
-            continue  # gone, or another user's
-        token = start_time(pid)
+            if proc.pid == me or proc.info["uids"] is None or proc.info["uids"].real != uid:
+                continue
+            if proc.environ().get(key) != value:
+                continue
+        except (psutil.Error, OSError):
+            continue  # gone, or not readable
+        token = start_time(proc.pid)
         if token is not None:
-            found.append((pid, token))
+            found.append((proc.pid, token))
     return found
 
 

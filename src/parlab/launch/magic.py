@@ -18,7 +18,6 @@ import re
 import shlex
 import sys
 
-from .launcher import run_cell
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +64,7 @@ def torchrun(line: str, cell: str, ipython=None):
     wanted = names_used(tree)
     user_ns = ipython.user_ns if ipython is not None else {}
     names, skipped = {}, []
-    from . import _pickling
+    from . import pickling, run_cell
 
     for name in sorted(wanted - _PROVIDED):
         if name not in user_ns or user_ns[name] is getattr(builtins, name, object()):
@@ -73,7 +72,7 @@ def torchrun(line: str, cell: str, ipython=None):
         if _IPYTHON_HISTORY.match(name):
             continue  # _, __, _i3, _oh...: IPython's own bookkeeping
         try:
-            _pickling.dumps(user_ns[name])
+            pickling.dumps(user_ns[name])
         except Exception as exc:  # noqa: BLE001
             skipped.append(f"{name} ({type(exc).__name__})")
             continue

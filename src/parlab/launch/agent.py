@@ -1,13 +1,13 @@
 """torchrun, tied to the notebook kernel that started it.
 
-``python -m parlab._agent <torchrun args>`` is plain torchrun plus one thing:
+``python -m parlab.launch.agent <torchrun args>`` is plain torchrun plus one thing:
 it dies as soon as the kernel does (restart, crash, SIGKILL), and its workers,
 which are tied to it the same way, follow within a fraction of a second.
 """
 import os
 import sys
 
-from parlab._procs import die_with_parent
+from parlab.launch.procs import die_with_parent
 
 
 def main() -> None:

@@ -1,5 +1,9 @@
 """Where the ranks' output goes: one widget per rank in JupyterLab, text elsewhere.
 
+Everything here runs on the kernel's main thread: the job's watch loop reads
+the rank files and calls the sink, and no thread of parlab's ever writes to
+IPython's display, comm or zmq machinery.
+
 Output is bounded: each rank may show ``per_rank`` lines, the first ones live
 and the last few at the end, with a count of what was left out in between.
 nbgrader keeps only 1000 lines per cell, so 8 chatty ranks must not flood it.
@@ -7,6 +11,7 @@ nbgrader keeps only 1000 lines per cell, so 8 chatty ranks must not flood it.
 from __future__ import annotations
 
 import collections
+import html
 import os
 import sys
 
@@ -63,9 +68,16 @@ class _RankBudget:
 
 
 class OutputSink:
+    """Receives the ranks' lines, the launcher's notices and progress, all on the kernel's main thread."""
+
+    #: seconds before the first progress report, and between two of them
+    progress_after, progress_every = 10.0, 1.0
+
     def __init__(self, nproc: int):
         per_rank = max(10, total_line_budget() // max(1, nproc))
         self.budgets = [_RankBudget(per_rank) for _ in range(nproc)]
+        self.nproc = nproc
+        self._next_progress = self.progress_after
 
     def line(self, rank: int, stream: str, text: str) -> None:
         if "\r" in text:  # a progress bar redraws its line: keep what it drew last
@@ -75,10 +87,19 @@ class OutputSink:
         if self.budgets[rank].take((stream, text)):
             self.write(rank, stream, text)
 
-    def finish(self) -> None:
+    def progress(self, elapsed: float, finished: list[int]) -> None:
+        """Called every poll; reports at most every ``progress_every`` s once past ``progress_after``."""
+        if elapsed < self._next_progress:
+            return
+        self._next_progress = elapsed + self.progress_every
+        waiting = [r for r in range(self.nproc) if r not in finished]
+        done = f"rank(s) {_ranks(finished)} finished" if finished else "no rank finished yet"
+        self.show_progress(f"parlab: {elapsed:.0f} s, {done}; waiting for {_ranks(waiting)}")
+
+    def finish(self, elapsed: float | None = None) -> None:
         for rank, budget in enumerate(self.budgets):
             if budget.dropped:
-                self.write(rank, "err", f"... {budget.dropped} lines from rank {rank} not shown ...")
+                self.write(rank, "notice", f"... {budget.dropped} lines from rank {rank} not shown ...")
             for stream, text in budget.tail:
                 self.write(rank, stream, text)
             budget.tail.clear()
@@ -86,41 +107,97 @@ class OutputSink:
     def write(self, rank: int, stream: str, text: str) -> None:
         raise NotImplementedError
 
+    def notice(self, text: str, error: bool = False) -> None:
+        """A message from the launcher itself; only ``error`` ones go to stderr."""
+        target = sys.stderr if error else sys.stdout
+        target.write(text + "\n")
+        target.flush()
+
+    def show_progress(self, text: str) -> None:
+        raise NotImplementedError
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{len(ranks)} ranks"
+
 
 class TextSink(OutputSink):
-    """``[rank 1] hello`` lines on the notebook's stdout / stderr."""
+    """``[rank 1] hello`` lines, all on the kernel's stdout.
+
+    Headless runs (nbclient, nbgrader) score a cell with any stderr output as
+    failed, so a rank's stderr (warnings, say) is relayed to stdout as
+    ``[rank 1 stderr] ...``; only errors raised in the kernel reach stderr.
+    """
+
+    progress_after = progress_every = 30.0
 
     def write(self, rank: int, stream: str, text: str) -> None:
-        target = sys.stderr if stream == "err" else sys.stdout
-        target.write(f"[rank {rank}] {text}\n")
-        target.flush()
+        tag = f"[rank {rank} stderr]" if stream == "err" else f"[rank {rank}]"
+        sys.stdout.write(f"{tag} {text}\n")
+        sys.stdout.flush()
+
+    def show_progress(self, text: str) -> None:
+        self.notice(text)
 
 
 class WidgetSink(OutputSink):
-    """One scrolling output area per rank, side by side."""
+    """One scrolling output area per rank, side by side, drawn once that rank prints."""
 
     def __init__(self, nproc: int):
         super().__init__(nproc)
+        self.areas = {}
+        self.grid = None
+        self.status = None
+
+    def _area(self, rank: int):
         import ipywidgets as w
         from IPython.display import display
 
-        self.areas = [
-            w.Output(layout=w.Layout(max_height="220px", overflow="auto", border="1px solid #ccc"))
-            for _ in range(nproc)
-        ]
-        columns = min(nproc, 4)
-        boxes = [w.VBox([w.HTML(f"<b>rank {r}</b>"), area]) for r, area in enumerate(self.areas)]
-        display(w.GridBox(boxes, layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)")))
+        if self.grid is None:
+            columns = min(self.nproc, 4)
+            self.grid = w.GridBox([], layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)",
+                                                      margin="0 0 6px 0"))
+            display(self.grid)
+        if rank not in self.areas:
+            self.areas[rank] = w.Output(layout=w.Layout(max_height="220px", overflow="auto",
+                                                        border="1px solid #ccc"))
+            self.grid.children = tuple(w.VBox([w.HTML(f"<b>rank {r}</b>"), self.areas[r]])
+                                       for r in sorted(self.areas))
+        return self.areas[rank]
 
     def write(self, rank: int, stream: str, text: str) -> None:
-        if stream == "err":
-            self.areas[rank].append_stderr(text + "\n")
+        area = self._area(rank)
+        if stream in ("out", "notice"):
+            area.append_stdout(text + "\n")
         else:
-            self.areas[rank].append_stdout(text + "\n")
+            area.append_stderr(text + "\n")
+
+    def show_progress(self, text: str) -> None:
+        if self.status is None:
+            import ipywidgets as w
+            from IPython.display import display
+
+            self.status = w.HTML()
+            display(self.status)
+        self.status.value = f"<i>{html.escape(text)}</i>"
+
+    def finish(self, elapsed: float | None = None) -> None:
+        super().finish(elapsed)
+        if self.status is not None and elapsed is not None:
+            self.status.value = f"<i>parlab: finished after {elapsed:.0f} s</i>"
 
 
 def make_sink(nproc: int) -> OutputSink:
-    return WidgetSink(nproc) if widgets_wanted() else TextSink(nproc)
+    """Widgets in a live JupyterLab, text elsewhere.
+
+    Only the main thread may touch the kernel's display and comm machinery,
+    so a launch started from another thread gets plain text.
+    """
+    import threading
+
+    if widgets_wanted() and threading.current_thread() is threading.main_thread():
+        return WidgetSink(nproc)
+    return TextSink(nproc)
 
 
 class FileTail:

@@ -1,0 +1,126 @@
+"""Run code from a notebook on many ranks through torchrun.
+
+``launch(fn)`` pickles ``fn`` (by value when it was defined in the notebook),
+starts torchrun tied to this kernel, streams each rank's output into the
+cell, and returns the ranks' results in rank order.  However the launch ends
+(return, error, timeout, interrupt), every process it started is ended by pid
+and its files removed.
+
+This package is also callable: ``parlab.launch`` is this module, and
+``parlab.launch(fn, nproc=2)`` calls :func:`launch`, so ``from parlab import
+launch`` and ``from parlab.launch.job import Job`` both work.
+
+Modules: ``options`` (argument checks), ``tasks`` and ``pickling`` (what
+travels to the ranks), ``job`` (process life cycle), ``jobdir`` (the shared
+files), ``worker`` and ``agent`` (the rank and torchrun side), ``output``
+(where rank output goes), ``stacks`` (where each rank was), ``report``
+(facts -> exception), ``failures`` (the kind of a failure), ``results``
+(plain results), ``procs`` (process identity), ``magic`` (``%%torchrun``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+from .errors import LaunchError, LaunchTimeout, WorkerError
+from .options import DEFAULT_TIMEOUT, choose_backend
+from .runtime import device
+
+
+def _bare(exc: BaseException) -> BaseException:
+    """``exc`` without the launcher's frames, to be raised from a public function.
+
+    IPython hides frames marked ``__tracebackhide__`` but always shows the one
+    that raised; raising again from the public function leaves only the
+    student's cell and that one line.
+    """
+    return exc.with_traceback(None)
+
+
+def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, env=None,
+           debug=None, seed=0, plain_results=False) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``nproc`` ranks and return their results in rank order.
+
+    Inside each rank the process group is initialised, ``parlab.device()`` is
+    the rank's device, and torch/random/numpy are seeded with ``seed + rank``.
+
+    Args:
+        nproc: number of ranks; default the visible GPUs, or 2 on CPU.
+        backend: "gloo", "nccl" or "mpi"; default NCCL when every rank can
+            have its own GPU, else gloo.  Under NCCL the group also has gloo
+            for CPU tensors ("cpu:gloo,cuda:nccl").
+        timeout: seconds before the launch is stopped with LaunchTimeout
+            (default ``PARLAB_TIMEOUT`` or 120).  The process group's own
+            timeout is half of it, so a stuck collective fails first.
+        env: extra environment variables for the ranks.
+        debug: turn on ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, which names
+            mismatched collectives at once (also ``PARLAB_DEBUG=1``).
+        seed: base seed; rank r uses ``seed + r``.
+        plain_results: each rank must return plain data (exact
+            ``torch.Tensor``, numbers, str, bytes, None, and lists, tuples and
+            dicts of them); it comes back through ``torch.load(weights_only=True)``
+            so that loading a result never runs code in the caller.
+    """
+    __tracebackhide__ = True  # IPython hides launcher frames
+    from .job import Job
+    from .options import check_call
+
+    task = check_call(fn, args, kwargs)
+    try:
+        return Job(task, nproc, backend, timeout, env, debug, seed, plain_results).run()
+    except (LaunchError, KeyboardInterrupt) as exc:
+        raise _bare(exc) from None
+
+
+def run_script(path, nproc=None, args=(), *, backend=None, timeout=None, env=None, debug=None,
+               seed=0) -> list:
+    """Run a Python file on ``nproc`` ranks as ``__main__``, like ``torchrun path *args``.
+
+    The process group is already up when the script starts; a script that
+    calls ``init_process_group`` itself keeps working.  Returns one None per rank.
+    """
+    __tracebackhide__ = True  # IPython hides launcher frames
+    from .job import Job
+    from .tasks import ScriptTask
+
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"run_script: no such file {path!r}")
+    try:
+        return Job(ScriptTask(path, [str(a) for a in args]), nproc, backend, timeout, env, debug,
+                   seed).run()
+    except (LaunchError, KeyboardInterrupt) as exc:
+        raise _bare(exc) from None
+
+
+def run_cell(source, names, *, nproc=None, backend=None, timeout=None, env=None, debug=None,
+             seed=0, filename="<torchrun cell>", label=None) -> list:
+    """Run a cell's source on every rank (the engine behind ``%%torchrun``)."""
+    __tracebackhide__ = True  # IPython hides launcher frames
+    from .job import Job
+    from .tasks import CellTask
+
+    job = Job(CellTask(source, filename, names), nproc, backend, timeout, env, debug, seed)
+    job.sources[filename] = source
+    if label:
+        job.labels[filename] = label
+    try:
+        return job.run()
+    except (LaunchError, KeyboardInterrupt) as exc:
+        raise _bare(exc) from None
+
+
+class _CallableModule(types.ModuleType):
+    """``parlab.launch`` is both this package and the function :func:`launch`."""
+
+    def __call__(self, fn, *args, **kwargs):
+        __tracebackhide__ = True  # IPython hides launcher frames
+        return launch(fn, *args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+__wrapped__ = launch  # inspect.signature(parlab.launch) shows launch's signature
+
+__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WorkerError", "choose_backend",
+           "device", "launch", "run_cell", "run_script"]

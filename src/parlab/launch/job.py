@@ -1,0 +1,269 @@
+"""One launch's processes, from start to clean-up.
+
+``Job.run()`` starts torchrun (``python -m parlab.launch.agent``) in a new
+session, watches the job folder on the kernel's main thread (output,
+results, errors, deaths, the deadline), collects the facts when something
+ends the launch and hands them to ``report.explain``.  However the launch
+ends, every process it started is ended by pid and its folder removed.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from . import options, procs
+from .errors import LaunchError, WorkerError
+from .failures import transient_reason
+from .jobdir import JOB_ENV, JobDir, private_jobs_root, sweep_stale_jobs
+from .output import FileTail, make_sink
+from .report import Facts, explain, parse_agent_log
+from .results import decode, decode_plain
+
+_POLL = 0.05
+#: How long to wait for a rank that is writing its outcome (``ending.r`` exists).
+_SETTLE = 3.0
+
+
+class _Transient(Exception):
+    def __init__(self, error: WorkerError, reason: str):
+        super().__init__(reason)
+        self.error, self.reason = error, reason
+
+
+class Job:
+    def __init__(self, task, nproc, backend, timeout, env, debug, seed, plain_results=False):
+        self.nproc, self.backend = options.choose_backend(nproc, backend)
+        self.timeout = options.check_timeout(timeout)
+        self.extra_env = options.check_env(env)
+        if debug is None:
+            debug = os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
+        self.debug = bool(debug)
+        self.seed = int(seed)
+        self.plain_results = bool(plain_results)
+        self.task_bytes = options.pickle_task(task)
+        self.sources, self.labels = options.notebook_sources()
+        self.agent = None
+        self.job = None
+        self.sink = None
+
+    # ---------------------------------------------------------------- life cycle
+
+    def run(self) -> list:
+        __tracebackhide__ = True  # IPython hides launcher frames
+        for attempt in (1, 2):
+            sweep_stale_jobs()
+            try:
+                self._start()
+                return self._wait()
+            except _Transient as failure:
+                if attempt == 2:
+                    raise failure.error from None
+                self.sink.notice(f"parlab: the ranks could not connect to each other ({failure.reason}); "
+                                 "starting them once more")
+            except KeyboardInterrupt:
+                where = self._facts(stop_ranks=True, settle=0.0, stack_wait=1.0)
+                if where.stacks:
+                    from .report import status
+
+                    lines = [f"  rank {r}: {t}" for r, t in status(where).items()]
+                    (self.sink or _stderr_sink()).notice(
+                        "Interrupted. Where the ranks were:\n" + "\n".join(lines), error=True)
+                raise
+            finally:
+                self._end()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> None:
+        self.agent, self.job, self.sink = None, None, None
+        spec = {
+            "backend": self.backend,
+            "pg_timeout": max(1.0, self.timeout / 2),
+            "seed": self.seed,
+            "sys_path": [os.getcwd()] + [p for p in sys.path if p],
+            "sources": self.sources,
+            "cell_labels": self.labels,
+            "plain_results": self.plain_results,
+        }
+        self.job = JobDir.create(private_jobs_root(), self.task_bytes, spec)
+        self.tails = [(r, s, FileTail(self.job.file(s, r))) for r in range(self.nproc) for s in ("out", "err")]
+        self.sink = make_sink(self.nproc)
+        cmd = [sys.executable, "-m", "parlab.launch.agent", "--standalone",
+               f"--nproc-per-node={self.nproc}", "--max-restarts=0",
+               "-m", "parlab.launch.worker", self.job.path]
+        self.agent_log = open(self.job.agent_log, "wb")
+        self.started = time.monotonic()
+        self.agent = subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL,
+                                      stdout=self.agent_log, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        self.agent_token = procs.start_time(self.agent.pid)
+        self.deadline = self.started + self.timeout
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = str(max(1, (cores or 1) // self.nproc))
+        if self.backend != "nccl":
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = threads
+        else:
+            env.setdefault("OMP_NUM_THREADS", threads)
+        if self.debug:
+            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        env.update(self.extra_env)
+        env.pop("PARLAB_AGENT_PID", None)
+        env.update({  # the launcher's own bookkeeping: env= cannot override these
+            "PARLAB_KERNEL_PID": str(os.getpid()),
+            JOB_ENV: self.job.path,
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": self.job.tmp,  # torchrun's torchelastic_* folder lands here
+        })
+        return env
+
+    def _end(self) -> None:
+        """End every process of this launch by pid, then remove its folder.
+
+        A second press of the stop button must not cut the clean-up short, so
+        SIGINT waits until it is done (only the main thread may do this).
+        """
+        guard = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if guard else None
+        try:
+            self._end_processes()
+        finally:
+            if guard:
+                signal.signal(signal.SIGINT, previous)
+
+    def _end_processes(self) -> None:
+        if self.agent is not None:
+            alive = set(self.job.pids().values())
+            if self.agent.poll() is None:
+                alive.add((self.agent.pid, self.agent_token))
+            alive |= set(procs.processes_with_env(JOB_ENV, self.job.path))  # e.g. a rank's children
+            procs.end_processes(list(alive))
+            try:
+                self.agent.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+            self.agent_log.close()
+            self._pump(final=True)
+            self.sink.finish(time.monotonic() - self.started)
+        if self.job is not None:
+            shutil.rmtree(self.job.path, ignore_errors=True)
+
+    # ---------------------------------------------------------------- watching
+
+    def _pump(self, final: bool = False) -> None:
+        for rank, stream, tail in self.tails:
+            for line in tail.read_lines(final):
+                self.sink.line(rank, stream, line)
+
+    def _dead_ranks(self, pids: dict) -> list[int]:
+        """Ranks whose process ended without a result or an error report: crashed or exited."""
+        return sorted(r for r, p in pids.items() if not self.job.finished(r) and not procs.same_process(*p))
+
+    def _wait(self) -> list:
+        __tracebackhide__ = True  # IPython hides launcher frames
+        timed_out = False
+        while True:
+            if not self.job.exists():
+                raise LaunchError(f"the launch's folder {self.job.path} was removed while it ran (by "
+                                  "another program cleaning the temporary folder?); run the cell again.")
+            self._pump()
+            self.sink.progress(time.monotonic() - self.started,
+                               [r for r in range(self.nproc) if self.job.finished(r)])
+            if self.agent.poll() is not None or self._dead_ranks(self.job.pids()) \
+                    or self.job.errors(self.nproc):
+                break
+            if time.monotonic() > self.deadline:
+                timed_out = True
+                break
+            time.sleep(_POLL)
+        facts = self._facts(timed_out=timed_out)
+        error = explain(facts)
+        if error is None:
+            return [self._load_result(r) for r in range(self.nproc)]
+        if isinstance(error, WorkerError):
+            reason = transient_reason(error.phase, error.failures.get(error.rank, ""))
+            if reason:
+                raise _Transient(error, reason)
+        raise error
+
+    # ---------------------------------------------------------------- facts
+
+    def _facts(self, timed_out: bool = False, stop_ranks: bool = False, settle: float = _SETTLE,
+               stack_wait: float = 2.0) -> Facts:
+        """Everything ``report.explain`` needs, read once the ranks that are ending have ended."""
+        job = self.job
+        f = Facts(nproc=self.nproc, timeout=self.timeout, debug=self.debug, labels=self.labels,
+                  timed_out=timed_out, agent_pid=self.agent.pid if self.agent else 0)
+        if job is None or self.agent is None:
+            return f
+        self._settle(settle)
+        pids = job.pids()
+        f.dead = self._dead_ranks(pids)
+        running = [r for r in range(self.nproc) if not job.finished(r) and r not in f.dead]
+        if (f.dead or job.errors(self.nproc) or timed_out or stop_ranks) and running:
+            f.stacks = self._collect_stacks(running, pids, stack_wait)
+        if f.dead:
+            try:  # torchrun notices within a moment and writes each rank's exit status
+                self.agent.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                pass
+        f.agent_code = self.agent.poll()
+        f.errors = job.errors(self.nproc)  # read again: ranks may have finished writing meanwhile
+        f.returned = {r for r in range(self.nproc) if job.has("result", r)}
+        f.stacks = {r: d for r, d in f.stacks.items() if r not in f.errors and r not in f.returned}
+        self._pump(final=True)
+        f.stderr = {r: job.read_text("err", r, last_bytes=8192) for r in f.dead}
+        log = job.agent_text()
+        f.exit_codes, f.root_cause = parse_agent_log(log)
+        f.agent_log = "\n".join(log.splitlines()[-25:])
+        return f
+
+    def _settle(self, limit: float) -> None:
+        """Wait (briefly) for ranks that left the task and are writing their result or error."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            pids = self.job.pids()
+            writing = [r for r in range(self.nproc) if self.job.has("ending", r) and not self.job.finished(r)
+                       and r in pids and procs.same_process(*pids[r])]
+            if not writing:
+                return
+            time.sleep(_POLL)
+
+    def _collect_stacks(self, ranks, pids: dict, wait: float) -> dict:
+        """Ask each live rank for its Python stack (faulthandler on SIGUSR1)."""
+        asked = []
+        for r in ranks:
+            if r in pids and procs.same_process(*pids[r]):
+                os.kill(pids[r][0], signal.SIGUSR1)
+                asked.append(r)
+        stacks = {}
+        deadline = time.monotonic() + wait
+        while asked and time.monotonic() < deadline:
+            time.sleep(_POLL)  # faulthandler writes the whole dump at once, in C
+            for r in list(asked):
+                dump = self.job.read_text("stack", r)
+                if "File " in dump:
+                    stacks[r] = dump
+                    asked.remove(r)
+        return stacks
+
+    def _load_result(self, r: int):
+        data = self.job.read_bytes("result", r)
+        try:
+            return decode_plain(data) if self.plain_results else decode(data)
+        except Exception as exc:  # noqa: BLE001
+            raise LaunchError(f"rank {r}'s result could not be loaded in the notebook "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
+def _stderr_sink():
+    from .output import TextSink
+
+    return TextSink(1)
