@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-gpu doctor bench release clean-venv
+.PHONY: setup lab test test-gpu doctor bench release slides clean-venv
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
@@ -49,6 +49,16 @@ release: setup
 
 bench: setup
 	OMP_NUM_THREADS=1 $(PY) benchmarks/launch_overhead.py
+
+# The lecture deck (slides/README.md): offline HTML and a PDF handout in slides/build/.
+# The PDF needs Chromium; without it the build says so and makes the HTML only.
+SLIDES_STAMP := $(VENV)/.parlab-slides-installed
+$(SLIDES_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[slides]"
+	@touch $(SLIDES_STAMP)
+
+slides: $(SLIDES_STAMP)
+	$(PY) slides/build.py
 
 clean-venv:
 	rm -rf $(VENV)
