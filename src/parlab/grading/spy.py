@@ -58,9 +58,9 @@ class _Work:
     def __init__(self, work, call: dict, spy: "Spy"):
         self._work, self._call, self._spy = work, call, spy
 
-    def _note(self) -> None:
+    def _note(self, blocking: bool = True) -> None:
         self._call["waited"] = True
-        if self._spy.backward_depth:
+        if blocking and self._spy.backward_depth:
             self._call["waited_in_backward"] = True
 
     def wait(self, *args, **kwargs):
@@ -68,7 +68,9 @@ class _Work:
         return self._work.wait(*args, **kwargs)
 
     def get_future(self):
-        self._note()
+        # Taking the future hands the wait to whoever holds it (DDP's comm hooks return
+        # futures from inside backward): it counts as waited on, but it does not block.
+        self._note(blocking=False)
         return self._work.get_future()
 
     def __getattr__(self, name):
