@@ -62,6 +62,40 @@ def rs_ag_default_dtype(x):
     return torch.cat(parts)[: x.numel()].reshape(x.shape)
 
 
+def rs_ag_uses_all_reduce(x):
+    """Right numbers, but from the built-in all_reduce the exercise rules out."""
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def rs_ag_result_into_input(x):
+    """Pads, reduce-scatters and all-gathers correctly, then writes the sum into x and returns x."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype, device=x.device)
+    padded[: x.numel()] = x.reshape(-1)
+    mine = torch.empty(c, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(mine, padded)
+    dist.all_gather_into_tensor(padded, mine)
+    x.copy_(padded[: x.numel()].view(x.shape))
+    return x
+
+
+def rs_ag_only_reduce_scatter(x):
+    """Reduce-scatters, then rebuilds the rest with broadcasts instead of an all-gather."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype, device=x.device)
+    padded[: x.numel()] = x.reshape(-1)
+    mine = torch.empty(c, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(mine, padded)
+    parts = [mine if r == dist.get_rank() else torch.empty_like(mine) for r in range(n)]
+    for r in range(n):
+        dist.broadcast(parts[r], src=r)
+    return torch.cat(parts)[: x.numel()].view(x.shape)
+
+
 # ------------------------------------------------ 2. ring all-reduce from point-to-point
 
 def _exchange(send, recv, rank, n):
@@ -150,6 +184,53 @@ def ring_raises_on_one_rank(x):
     return chunks[rank + 1] if rank == n - 1 else x
 
 
+def ring_uses_all_reduce(x):
+    """Right numbers from the built-in collective, not from send/recv."""
+    out = x.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def ring_whole_buffer(x):
+    """Passes the whole buffer around the ring n - 1 times: right sum, but every message is
+    the full tensor (n times the traffic of a real ring all-reduce)."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total, passing = x.clone(), x.clone()
+    for _ in range(n - 1):
+        buf = torch.empty_like(passing)
+        _exchange(passing, buf, rank, n)
+        total += buf
+        passing = buf
+    return total
+
+
+def ring_everyone_to_everyone(x):
+    """Sends its input straight to every other rank with isend/irecv and adds what arrives."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    bufs = {p: torch.empty_like(x) for p in range(n) if p != rank}
+    reqs = [dist.isend(x.contiguous(), p) for p in bufs] + [dist.irecv(b, p) for p, b in bufs.items()]
+    for q in reqs:
+        q.wait()
+    return x + sum(bufs.values())
+
+
+def ring_in_place(x):
+    """A correct ring, but on a view of x: the input is overwritten with the sum."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = x.view(-1)
+    chunks = list(out.tensor_split(n))
+    for s in range(n - 1):
+        i = (rank - s - 1) % n
+        buf = torch.empty_like(chunks[i])
+        _exchange(chunks[(rank - s) % n], buf, rank, n)
+        chunks[i] += buf
+    for s in range(n - 1):
+        buf = torch.empty_like(chunks[(rank - s) % n])
+        _exchange(chunks[(rank + 1 - s) % n], buf, rank, n)
+        chunks[(rank - s) % n].copy_(buf)
+    return x
+
+
 # ------------------------------------------------ 3. tree broadcast from send/recv
 
 def tree_assumes_root_zero(x, root):
@@ -189,6 +270,24 @@ def tree_returns_input(x, root):
     return x
 
 
+def tree_uses_broadcast(x, root):
+    """The built-in collective the exercise rules out."""
+    dist.broadcast(x, src=root)
+    return x
+
+
+def tree_linear_from_root(x, root):
+    """Root sends to every other rank in turn: right values, but a chain from one rank."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    if rank == root:
+        for r in range(n):
+            if r != root:
+                dist.send(x, r)
+    else:
+        dist.recv(x, root)
+    return x
+
+
 # ------------------------------------------------ 4. algbw and busbw (GB/s)
 
 def bw_factor_two(numel, dtype, seconds, n):
@@ -215,16 +314,26 @@ WRONG = {
         (rs_ag_forgets_remainder, "forget the last chunk"),
         (rs_ag_returns_own_chunk, "only its own chunk"),
         (rs_ag_no_all_gather, "own input"),
+        (rs_ag_default_dtype, "dtype"),
+        (rs_ag_uses_all_reduce, "called dist.all_reduce"),
+        (rs_ag_result_into_input, "input x was modified"),
+        (rs_ag_only_reduce_scatter, "never called dist.all_gather"),
     ],
     "ring": [
         (ring_one_step_short, "only some ranks' inputs"),
         (ring_forgets_remainder, "forget the last chunk"),
         (ring_no_all_gather, "only some ranks' inputs"),
         (ring_all_gather_wrong_chunk, "differs from all_reduce"),
+        (ring_uses_all_reduce, "called dist.all_reduce"),
+        (ring_whole_buffer, "carries one chunk"),
+        (ring_everyone_to_everyone, "only to its right neighbour"),
+        (ring_in_place, "input x was modified"),
     ],
     "tree": [
         (tree_assumes_root_zero, "assume the root is rank 0"),
         (tree_returns_input, "own input: the broadcast never reached"),
+        (tree_uses_broadcast, "called dist.broadcast"),
+        (tree_linear_from_root, "linear chain"),
     ],
     "bandwidths": [
         (bw_factor_two, "factor 2"),
@@ -236,7 +345,6 @@ WRONG = {
 
 #: Caught only by the hidden tests (other world sizes and sizes).
 WRONG_HIDDEN = {
-    "rs_ag": [(rs_ag_default_dtype, "dtype")],
     "tree": [(tree_power_of_two_only, "not a power of two")],
 }
 

@@ -344,6 +344,8 @@ def _grade_bandwidths(g: Graded) -> str | None:
         got = g.results[0][i]
         call = f"bandwidths(numel={numel}, dtype=torch.{dtype}, seconds={seconds}, world_size={n})"
         if isinstance(got, dict):
+            if got["not_a_pair"] == "None":
+                return f"{call} returned None: did you forget the `return` statement?"
             return f"{call} should return a pair (algbw, busbw), got {got['not_a_pair']}"
         k = getattr(torch, dtype).itemsize
         s = numel * k
