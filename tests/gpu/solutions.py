@@ -26,9 +26,11 @@ def _cells(lab: str):
 
 
 def _imports(source: str) -> list[str]:
+    """The cell's top-level import statements (its magic and shell lines left out)."""
+    python = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
     try:
-        tree = ast.parse(source)
-    except SyntaxError:  # a cell with a magic
+        tree = ast.parse(python)
+    except SyntaxError:
         return []
     return [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
 
@@ -68,14 +70,15 @@ def resolve_check(dotted: str):
     return getattr(importlib.import_module(f"parlab.grading.{module}"), name)
 
 
-def one_rank_exercises(lab: str) -> tuple[dict, list[str]]:
+def one_rank_exercises(lab: str, with_hidden: bool = True) -> tuple[dict, list[str]]:
     """The lab's launched exercises re-declared at world size 1, with the solution answers.
 
     Returns ({Exercise at world size 1: {name: answer}}, [checks that could not be re-declared]).
-    A check can be re-run at another world size only when it carries its
-    ``Exercise`` (``check.exercise``, from ``parlab.grading.harness.checker``);
-    checks written before that harness are listed as missing.  Cases that name
-    a root other than 0 are left out: a single rank is the only root.
+    ``with_hidden=False`` keeps the visible cases only (cheaper).  A check can
+    be re-run at another world size only when it carries its ``Exercise``
+    (``check.exercise``, from ``parlab.grading.harness.checker``); checks
+    written before that harness are listed as missing.  Cases that name a root
+    other than 0 are left out: a single rank is the only root.
     """
     import dataclasses
 
@@ -88,7 +91,7 @@ def one_rank_exercises(lab: str) -> tuple[dict, list[str]]:
             continue
         if ex.solo:  # a plain function: no ranks involved
             continue
-        cases = tuple(c for hidden in (False, True) for _, cs in ex.sets(hidden) for c in cs
+        cases = tuple(c for hidden in (False, True)[:1 + with_hidden] for _, cs in ex.sets(hidden) for c in cs
                       if getattr(c, "root", None) in (None, 0))
         batch[dataclasses.replace(ex, visible=((1, cases),), hidden=())] = {name: answers[name]}
     return batch, missing

@@ -47,7 +47,7 @@ def test_solutions_pass_their_checks_at_world_size_1_on_nccl(lab, strict_ranks):
 
     batch, missing = one_rank_exercises(lab)
     if batch:
-        report = grade_batch(batch, backend="nccl", catch=False)
+        report = grade_batch(batch, backend="nccl", catch=False, timeout=600)  # every case in one launch
         assert {k: v for k, v in report.items() if v} == {}
     if missing:
         pytest.skip(f"{len(missing)} check(s) carry no Exercise to re-run at world size 1 "
