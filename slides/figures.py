@@ -262,9 +262,12 @@ def _box(ax, x, y, w, h, text, face, fs=10.5):
 
 def _arrow(ax, a, b, label=""):
     ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="-|>", color="#333333", lw=1.4))
-    if label:
-        ax.text((a[0] + b[0]) / 2 + 0.08, (a[1] + b[1]) / 2, label, fontsize=10, fontweight="bold",
-                va="center")
+    if label and a[1] == b[1]:  # horizontal: the label sits above the arrow
+        ax.text((a[0] + b[0]) / 2, a[1] + 0.12, label, fontsize=10, fontweight="bold", ha="center",
+                va="bottom")
+    elif label:
+        ax.text((a[0] + b[0]) / 2 + 0.08, (a[1] + b[1]) / 2 + 0.1, label, fontsize=10,
+                fontweight="bold", va="bottom" if a[0] != b[0] else "center")
 
 
 def decision_chart():
