@@ -136,8 +136,13 @@ def _all_right(right: bool) -> bool:
     return not bool(flag.item())
 
 
+def _slot(key: tuple[str, str]) -> str:
+    """A task's key as a str: plain results (``launch(plain_results=True)``) allow only str/int keys."""
+    return "\n".join(key)
+
+
 def _on_ranks(tasks: list, catch: bool) -> dict:
-    """Run each task ``(key, exercise, answer, cases)``; {key: {"cases": [...]} or {"error": ...}}."""
+    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}."""
     import torch.distributed as dist
 
     n = dist.get_world_size() if dist.is_initialized() else 1
@@ -145,7 +150,7 @@ def _on_ranks(tasks: list, catch: bool) -> dict:
     out: dict = {_BACKEND_KEY: backend}
     with check.judged_on(backend):
         for key, ex, answer, cases in tasks:
-            out[key] = _run_task(ex, answer, cases, n, catch)
+            out[_slot(key)] = _run_task(ex, answer, cases, n, catch)
     return out
 
 
@@ -217,7 +222,7 @@ def grade_batch(batch: Mapping[Exercise, Mapping[str, Any]], *, hidden: bool = F
             continue
         used = per_rank[0].get(_BACKEND_KEY, "gloo")
         for key, ex, _, cases in tasks:
-            report[key] = _judge(ex, key[1], n, cases, [out[key] for out in per_rank], used)
+            report[key] = _judge(ex, key[1], n, cases, [out[_slot(key)] for out in per_rank], used)
     return report
 
 
