@@ -18,6 +18,9 @@ bucketed and DDP parameters at the end.
     OMP_NUM_THREADS=1 python benchmarks/dp_step.py [--steps 20] [--d-model 128]
 
 Target (Lab 02 brief): bucketed / DDP <= 1.3.
+
+Models and batches live on each rank's ``parlab.device()`` (its GPU under
+NCCL), and the device is synchronised before the clock is read.
 """
 from __future__ import annotations
 
@@ -50,17 +53,28 @@ class Bucketed:
         i = self.bucket_of[p]
         self.waiting[i] -= 1
         if self.waiting[i] == 0:
-            flat = torch.cat([q.grad.reshape(-1) for q in self.buckets[i]])
-            self.launched.append((i, flat, dist.all_reduce(flat, async_op=True)))
+            self._launch(i)
+
+    def _launch(self, i):
+        flat = torch.cat([q.grad.reshape(-1) if q.grad is not None else q.new_zeros(q.numel())
+                          for q in self.buckets[i]])
+        self.launched.append((i, flat, dist.all_reduce(flat, async_op=True)))
 
     def finish(self):
+        for i, left in enumerate(self.waiting):
+            if left > 0:  # a parameter got no gradient this step: send its bucket with zeros
+                self._launch(i)
         n = dist.get_world_size()
         for i, flat, work in self.launched:
             work.wait()
             flat /= n
             offset = 0
             for q in self.buckets[i]:
-                q.grad.copy_(flat[offset:offset + q.numel()].view_as(q))
+                piece = flat[offset:offset + q.numel()].view_as(q)
+                if q.grad is None:
+                    q.grad = piece.clone()
+                else:
+                    q.grad.copy_(piece)
                 offset += q.numel()
         self._reset()
 
@@ -77,13 +91,19 @@ def run(steps: int, warmup: int, d_model: int, n_layer: int, batch: int, seq: in
         bucket_mb: float) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from parlab import trace
+    from parlab import device, trace
     from parlab.data import get_batch, shard_batch
     from parlab.models import lm_loss, tiny_gpt
 
     rank, n = dist.get_rank(), dist.get_world_size()
+    dev = device()
+
+    def sync_device():  # GPU kernels run asynchronously: finish them before reading the clock
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
     bucket_bytes = int(bucket_mb * 2**20)
-    make = lambda: tiny_gpt(seed=0, d_model=d_model, n_layer=n_layer, n_head=4, seq_len=seq)  # noqa: E731
+    make = lambda: tiny_gpt(seed=0, d_model=d_model, n_layer=n_layer, n_head=4, seq_len=seq).to(dev)  # noqa: E731
     models = {k: make() for k in ("naive", "bucketed", "ddp")}
     bucketed = Bucketed(models["bucketed"], bucket_bytes)
     ddp = DDP(models["ddp"], bucket_cap_mb=bucket_mb)
@@ -92,9 +112,10 @@ def run(steps: int, warmup: int, d_model: int, n_layer: int, batch: int, seq: in
     times = {k: [] for k in models}
     wire = {}
     for step in range(warmup + steps):
-        x, y = shard_batch(get_batch(step, batch, seq, seed=0), rank, n)
+        x, y = (t.to(dev) for t in shard_batch(get_batch(step, batch, seq, seed=0), rank, n))
         for kind in ("naive", "bucketed", "ddp"):
             opts[kind].zero_grad(set_to_none=True)
+            sync_device()
             dist.barrier()
             t0 = time.perf_counter()
             with trace.count_collectives() as counter:
@@ -104,6 +125,7 @@ def run(steps: int, warmup: int, d_model: int, n_layer: int, batch: int, seq: in
                 elif kind == "bucketed":
                     bucketed.finish()
             opts[kind].step()
+            sync_device()
             dt = time.perf_counter() - t0
             if step >= warmup:
                 times[kind].append(dt)

@@ -66,6 +66,27 @@ def batch_assumes_two_ranks(x, y):
     return x[r * half:(r + 1) * half], y[r * half:(r + 1) * half]
 
 
+def batch_y_whole(x, y):
+    """Splits x but hands back the whole y."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = x.size(0) // n
+    return x[r * per:(r + 1) * per], y
+
+
+def batch_no_return(x, y):
+    """Computes the block and forgets to return it."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = x.size(0) // n
+    x, y = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+
+
+def batch_list_of_rows(x, y):
+    """Returns a list of (row_x, row_y) pairs instead of two tensors."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = x.size(0) // n
+    return [(x[i], y[i]) for i in range(r * per, (r + 1) * per)]
+
+
 # ------------------------------------------------ 2. allreduce_gradients
 
 
@@ -104,6 +125,22 @@ def allreduce_skips_small(model):
     for p in model.parameters():
         if p.grad is not None and p.dim() >= 2:
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def allreduce_clears_grads(model):
+    """Averages, then "cleans up" with zero_grad(set_to_none=True): every p.grad is None."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+    model.zero_grad(set_to_none=True)
+
+
+def allreduce_only_rank0_keeps(model):
+    """dist.reduce to rank 0 only: the other ranks keep their partial sums."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.reduce(p.grad, dst=0)
+            p.grad /= dist.get_world_size()
 
 
 # ------------------------------------------------ 3. accumulate_and_sync
@@ -152,6 +189,24 @@ def accum_syncs_before_last_backward(model, micro_batches, sync):
         loss.backward()
 
 
+def accum_one_backward(model, micro_batches, sync):
+    """Sums the micro-batch losses and runs ONE backward: right numbers, k times the memory."""
+    k = len(micro_batches)
+    total = sum(lm_loss(model, x, y) for x, y in micro_batches) / k
+    total.backward()
+    sync(model)
+
+
+def accum_allreduces_itself(model, micro_batches, sync):
+    """Ignores sync and all-reduces the gradients itself."""
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        (lm_loss(model, x, y) / k).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
 # ------------------------------------------------ 4. BucketedDP
 
 
@@ -165,6 +220,9 @@ class _Buckets:
     launch_in_hook = True
     copy_back = True
     strict = False  # close a bucket at > bucket_bytes instead of >=
+    wait_in_hook = False
+    send_incomplete = True  # finish() launches a bucket whose gradients did not all arrive
+    fill_missing = True  # a parameter without gradient gets the averaged slice
 
     def __init__(self, model, bucket_bytes):
         params = [p for p in model.parameters() if p.requires_grad][::-1]
@@ -193,15 +251,19 @@ class _Buckets:
         self.left[i] -= 1
         if self.left[i] == 0 and self.launch_in_hook:
             self._launch(i)
+            if self.wait_in_hook:
+                self.pending[-1][2].wait()
 
     def _launch(self, i):
-        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+        flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else p.new_zeros(p.numel())
+                          for p in self.buckets[i]])
         work = dist.all_reduce(flat, async_op=self.async_op)
         self.pending.append((i, flat, work))
 
     def finish(self):
-        if not self.launch_in_hook:
-            for i in range(len(self.buckets)):
+        launched = {i for i, _, _ in self.pending}
+        for i in range(len(self.buckets)):
+            if i not in launched and (not self.launch_in_hook or self.send_incomplete):
                 self._launch(i)
         for i, flat, work in self.pending:
             if self.wait and work is not None:
@@ -216,7 +278,11 @@ class _Buckets:
     def _copy_back(self, i, flat):
         offset = 0
         for p in self.buckets[i]:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            piece = flat[offset:offset + p.numel()].view_as(p)
+            if p.grad is not None:
+                p.grad.copy_(piece)
+            elif self.fill_missing:
+                p.grad = piece.clone()
             offset += p.numel()
 
 
@@ -262,7 +328,30 @@ class BucketsStrict(_Buckets):
     strict = True
 
 
-# ------------------------------------------------ 6. make_ddp
+class BucketsWaitInHook(_Buckets):
+    """async_op=True, but waits for each bucket right away inside the hook: nothing overlaps."""
+    wait_in_hook = True
+
+
+class BucketsIgnoresUnused(_Buckets):
+    """A bucket holding a parameter without gradient never completes and is never sent."""
+    send_incomplete = False
+
+
+class BucketsUnusedStaysNone(_Buckets):
+    """Sends the incomplete bucket, but leaves p.grad None for the parameter without gradient."""
+    fill_missing = False
+
+
+class BucketsNoneGradCrash(_Buckets):
+    """Assumes every bucketed parameter has a gradient when sending an incomplete bucket."""
+
+    def _launch(self, i):
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+        self.pending.append((i, flat, dist.all_reduce(flat, async_op=True)))
+
+
+# ------------------------------------------------ 5. make_ddp
 
 
 def ddp_not_wrapped(model):
@@ -277,7 +366,51 @@ def ddp_without_init_sync(model):
     return DDP(model, init_sync=False)
 
 
-# ------------------------------------------------ 7. train_data_parallel
+def ddp_device_ids_zero(model):
+    """Copied from a GPU tutorial: device_ids=[0] for a model on the CPU."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[0])
+
+
+def ddp_returns_none(model):
+    """Wraps the model but forgets to return the wrapper."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    DDP(model)
+
+
+class _HandRolled(torch.nn.Module):
+    """Broadcasts at construction and all-reduces each gradient from a hook: right numbers."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._average)
+
+    @staticmethod
+    def _average(p):
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def ddp_hand_rolled(model):
+    """Its own wrapper instead of torch's DistributedDataParallel."""
+    return _HandRolled(model)
+
+
+# ------------------------------------------------ 6. train_data_parallel
+
+
+def _on_device(batch):
+    from parlab.runtime import device
+
+    return tuple(t.to(device()) for t in batch)
 
 
 def train_without_broadcast(model, optimizer, steps, batch_size, seq_len, seed):
@@ -286,7 +419,7 @@ def train_without_broadcast(model, optimizer, steps, batch_size, seq_len, seed):
 
     r, n = dist.get_rank(), dist.get_world_size()
     for step in range(steps):
-        x, y = shard_batch(get_batch(step, batch_size, seq_len, seed), r, n)
+        x, y = _on_device(shard_batch(get_batch(step, batch_size, seq_len, seed), r, n))
         optimizer.zero_grad()
         lm_loss(model, x, y).backward()
         for p in model.parameters():
@@ -307,10 +440,38 @@ def train_whole_batch_no_sync(model, optimizer, steps, batch_size, seq_len, seed
     for p in model.parameters():
         dist.broadcast(p.data, src=0)
     for step in range(steps):
-        x, y = get_batch(step, batch_size, seq_len, seed)
+        x, y = _on_device(get_batch(step, batch_size, seq_len, seed))
         optimizer.zero_grad()
         lm_loss(model, x, y).backward()
         optimizer.step()
+
+
+def train_with_torch_ddp(model, optimizer, steps, batch_size, seq_len, seed):
+    """Right numbers, but torch DDP instead of the lab's own functions."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from parlab.data import get_batch, shard_batch
+
+    ddp = DDP(model)
+    r, n = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        x, y = _on_device(shard_batch(get_batch(step, batch_size, seq_len, seed), r, n))
+        optimizer.zero_grad()
+        lm_loss(ddp, x, y).backward()
+        optimizer.step()
+
+
+def train_never_steps(model, optimizer, steps, batch_size, seq_len, seed):
+    """Averages the gradients but never calls optimizer.step()."""
+    from parlab.data import get_batch, shard_batch
+
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+    r, n = dist.get_rank(), dist.get_world_size()
+    for step in range(steps):
+        x, y = _on_device(shard_batch(get_batch(step, batch_size, seq_len, seed), r, n))
+        model.zero_grad()
+        lm_loss(model, x, y).backward()
 
 
 _NOT_BACK = "never reached p.grad: torch.cat makes a copy, so copy the bucket back into each p.grad"
@@ -321,33 +482,49 @@ WRONG = {
                   (broadcast_by_averaging, "averaged"),
                   (broadcast_into_copy, "still holds its own initial parameters")],
     "shard": [(batch_whole, "whole batch"), (batch_strided, "strided"),
-              (batch_reversed_ranks, "that is rank 1's block")],
+              (batch_reversed_ranks, "that is rank 1's block"),
+              (batch_y_whole, "returned y of shape (8, 16), expected (4, 16)"),
+              (batch_no_return, "returned None"),
+              (batch_list_of_rows, "should return a pair of tensors")],
     "allreduce": [(allreduce_sums, "summed, not averaged"),
                   (allreduce_crashes_on_frozen, "frozen"),
                   (allreduce_divides_twice, "divided by the world size twice"),
                   (allreduce_flat_no_copy_back, "never reached p.grad"),
-                  (allreduce_skips_small, "never all-reduced")],
+                  (allreduce_skips_small, "never all-reduced"),
+                  (allreduce_clears_grads, "have no gradient (None)"),
+                  (allreduce_only_rank0_keeps, "different gradients")],
     "accum": [(accum_syncs_every_micro_step, "sync only on the last micro-step"),
               (accum_never_syncs, "never called"),
               (accum_no_loss_scaling, "divide each micro-batch loss"),
-              (accum_divides_twice, "twice"),
-              (accum_syncs_before_last_backward, "never all-reduced")],
+              (accum_divides_twice, "number of micro-batches (3) twice"),
+              (accum_syncs_before_last_backward, "before the last micro-batch's backward"),
+              (accum_one_backward, "one backward over the summed losses"),
+              (accum_allreduces_itself, "never called sync(model)")],
     "bucketed": [(BucketsSum, "summed, not averaged"),
                  (BucketsNeverWaited, "never waited on"),
                  (BucketsNoReset, "reset your bucket state"),
                  (BucketsBlocking, "async_op=True"),
                  (BucketsAllInFinish, "after backward returned"),
-                 (BucketsOnePerParam, "expected 1 (one per bucket"),
-                 (BucketsNoCopyBack, _NOT_BACK + " after work.wait()")],
+                 (BucketsOnePerParam, "one per bucket"),
+                 (BucketsNoCopyBack, _NOT_BACK + " after work.wait()"),
+                 (BucketsStrict, "one per bucket"),
+                 (BucketsWaitInHook, "nothing overlapped"),
+                 (BucketsIgnoresUnused, "never completed"),
+                 (BucketsUnusedStaysNone, "its p.grad is None"),
+                 (BucketsNoneGradCrash, "counts as zeros")],
     "ddp": [(ddp_not_wrapped, "synchronised"),
-            (ddp_without_init_sync, "broadcast")],
+            (ddp_without_init_sync, "broadcast"),
+            (ddp_device_ids_zero, "leave it out"),
+            (ddp_returns_none, "not a module"),
+            (ddp_hand_rolled, "never built a torch DistributedDataParallel")],
     "train": [(train_without_broadcast, "broadcast"),
-              (train_whole_batch_no_sync, "rows")],
+              (train_whole_batch_no_sync, "rows"),
+              (train_with_torch_ddp, "DistributedDataParallel"),
+              (train_never_steps, "optimizer steps")],
 }
 
 WRONG_HIDDEN = {
     "shard": [(batch_assumes_two_ranks, "returned x of shape")],
-    "bucketed": [(BucketsStrict, "all_reduce calls, expected")],
 }
 
 
