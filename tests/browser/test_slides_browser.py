@@ -6,7 +6,8 @@ as a request that is not file:.  It steps through every slide with reveal's
 API and fails on a JavaScript error, a console error, a failed or remote
 request, a broken image, or a slide whose content is taller than the slide.
 Screenshots of the first slide and of three chosen ones go to
-test-artifacts/slides/ (git-ignored) for a person to look at.
+test-artifacts/slides/ (git-ignored) for a person to look at.  A second test
+prints the PDF handout as ``make slides`` does and counts its pages.
 
 Independent of the JupyterLab fixtures in this folder: it starts its own
 Chromium through Playwright (the system binary, never a downloaded one).
@@ -14,6 +15,8 @@ Chromium through Playwright (the system binary, never a downloaded one).
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -111,3 +114,21 @@ def test_every_slide_renders_offline_without_errors(deck):
     assert not missing, f"no slide titled {missing}: update CHOSEN to titles the deck has"
     for path in shots.values():
         assert path.stat().st_size > 10_000, f"{path} looks empty"
+
+
+def _slides_with_notes() -> int:
+    cells = json.loads((REPO / "slides" / "lecture.ipynb").read_text(encoding="utf-8"))["cells"]
+    kinds = [c["metadata"].get("slideshow", {}).get("slide_type", "-") for c in cells]
+    starts = [i for i, k in enumerate(kinds) if k in ("slide", "subslide")] + [len(kinds)]
+    return sum("notes" in kinds[a:b] for a, b in zip(starts, starts[1:]))
+
+
+def test_pdf_handout_has_every_slide_and_a_page_of_notes_for_each(deck):
+    """What make slides prints: one page per slide, plus one for each slide's speaker notes."""
+    build, built = deck
+    pdf = build.print_pdf(built.html, build.find_chromium())
+    data = pdf.read_bytes()
+    assert data.startswith(b"%PDF")
+    pages = len(re.findall(rb"/Type\s*/Page(?!s)", data))  # Chromium writes one object per page
+    assert pages == built.slides + _slides_with_notes(), (pages, built.slides, _slides_with_notes())
+    assert len(data) > 200_000, "the handout is too small to hold the figures"
