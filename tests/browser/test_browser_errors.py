@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+expect = pytest.importorskip("playwright.sync_api", reason="browser tier: playwright is not "
+                             "installed (pip install -e '.[browser]')").expect
 
 STDERR = "application/vnd.jupyter.stderr"
 RAISING_LINE = 'raise ValueError("the shard is empty")'

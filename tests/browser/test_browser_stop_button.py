@@ -4,9 +4,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+expect = pytest.importorskip("playwright.sync_api", reason="browser tier: playwright is not "
+                             "installed (pip install -e '.[browser]')").expect
 
 LONG_LAUNCH = '''import time
 
