@@ -27,6 +27,8 @@ def test_text_progress_at_most_every_30_seconds(capsys):
     assert lines == ["parlab: 30 s, no rank finished yet; waiting for 0, 1, 2, 3",
                      "parlab: 60 s, rank(s) 0, 2 finished; waiting for 1, 3",
                      "parlab: 90 s, rank(s) 0, 2 finished; waiting for 1, 3"]
+    sink.progress(200.0, [0, 1, 2, 3])
+    assert capsys.readouterr().out == "parlab: 200 s, rank(s) 0, 1, 2, 3 finished; ending the launch\n"
 
 
 class FakeDisplay:
@@ -57,12 +59,12 @@ def test_a_rank_area_appears_only_once_that_rank_prints(shown):
     sink = output.WidgetSink(4)
     sink.line(2, "out", "hi from 2")
     assert len(shown) == 1
-    grid = shown[0]
+    grid = shown[0].children[0]
     assert [box.children[0].value for box in grid.children] == ["<b>rank 2</b>"]
     sink.line(0, "err", "warning from 0")
     sink.line(2, "out", "again")
     assert [box.children[0].value for box in grid.children] == ["<b>rank 0</b>", "<b>rank 2</b>"]
-    assert len(shown) == 1  # one grid, drawn once
+    assert len(shown) == 1  # one box, drawn once
 
 
 def test_widget_progress_is_one_line_updated_in_place(shown):
@@ -70,10 +72,17 @@ def test_widget_progress_is_one_line_updated_in_place(shown):
     for tenth in range(0, 300):
         sink.progress(tenth / 10, [1] if tenth > 200 else [])
     assert len(shown) == 1
-    status = shown[0]
+    status = shown[0].children[0]
     assert "29 s, rank(s) 1 finished; waiting for 0" in status.value
     sink.finish(31.0)
     assert "finished after 31 s" in status.value
+
+
+def test_progress_and_rank_areas_share_one_display(shown):
+    sink = output.WidgetSink(2)
+    sink.progress(11.0, [])
+    sink.line(1, "out", "late first line")
+    assert len(shown) == 1 and len(shown[0].children) == 2  # the grid, then the progress line
 
 
 def test_widgets_only_from_the_main_thread(monkeypatch):

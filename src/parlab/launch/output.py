@@ -94,7 +94,8 @@ class OutputSink:
         self._next_progress = elapsed + self.progress_every
         waiting = [r for r in range(self.nproc) if r not in finished]
         done = f"rank(s) {_ranks(finished)} finished" if finished else "no rank finished yet"
-        self.show_progress(f"parlab: {elapsed:.0f} s, {done}; waiting for {_ranks(waiting)}")
+        rest = f"waiting for {_ranks(waiting)}" if waiting else "ending the launch"
+        self.show_progress(f"parlab: {elapsed:.0f} s, {done}; {rest}")
 
     def finish(self, elapsed: float | None = None) -> None:
         for rank, budget in enumerate(self.budgets):
@@ -141,24 +142,35 @@ class TextSink(OutputSink):
 
 
 class WidgetSink(OutputSink):
-    """One scrolling output area per rank, side by side, drawn once that rank prints."""
+    """One scrolling output area per rank, side by side, drawn once that rank prints.
+
+    Everything lives in one box, displayed the first time there is something
+    to show (a rank's line or the progress line), so a quiet launch draws
+    nothing and the kernel's own later output lands below the box.
+    """
 
     def __init__(self, nproc: int):
         super().__init__(nproc)
         self.areas = {}
-        self.grid = None
-        self.status = None
+        self.box = self.grid = self.status = None
 
-    def _area(self, rank: int):
+    def _show(self) -> None:
         import ipywidgets as w
         from IPython.display import display
 
-        if self.grid is None:
-            columns = min(self.nproc, 4)
-            self.grid = w.GridBox([], layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)",
-                                                      margin="0 0 6px 0"))
-            display(self.grid)
+        if self.box is None:
+            self.box = w.VBox([], layout=w.Layout(margin="0 0 6px 0"))
+            display(self.box)
+        self.box.children = tuple(x for x in (self.grid, self.status) if x is not None)
+
+    def _area(self, rank: int):
+        import ipywidgets as w
+
         if rank not in self.areas:
+            if self.grid is None:
+                columns = min(self.nproc, 4)
+                self.grid = w.GridBox([], layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)"))
+                self._show()
             self.areas[rank] = w.Output(layout=w.Layout(max_height="220px", overflow="auto",
                                                         border="1px solid #ccc"))
             self.grid.children = tuple(w.VBox([w.HTML(f"<b>rank {r}</b>"), self.areas[r]])
@@ -175,10 +187,9 @@ class WidgetSink(OutputSink):
     def show_progress(self, text: str) -> None:
         if self.status is None:
             import ipywidgets as w
-            from IPython.display import display
 
             self.status = w.HTML()
-            display(self.status)
+            self._show()
         self.status.value = f"<i>{html.escape(text)}</i>"
 
     def finish(self, elapsed: float | None = None) -> None:
