@@ -160,7 +160,7 @@ _ROW_HIDDEN = ((2, (Case("row", (3, 2, 4), 6, seed=3), Case("row", (5, 3), 14, s
                     Case("row", (2, 3), 9, seed=5))),)
 _MLP_VISIBLE = ((4, (Case("mlp", (2, 5, 6)), Case("mlp", (3, 2, 10), bias=False, seed=1))),)
 _MLP_HIDDEN = ((3, (Case("mlp", (2, 4, 9), seed=2), Case("mlp", (1, 7, 6), seed=3))),)
-_ATTN_VISIBLE = ((4, (Case("attn", (2, 5, 8), 4), Case("attn", (1, 7, 24), 8, bias=False, seed=1),
+_ATTN_VISIBLE = ((4, (Case("attn", (2, 5, 16), 4), Case("attn", (1, 7, 24), 8, bias=False, seed=1),
                       Case("attn", (2, 3, 12), 6))),)
 _ATTN_HIDDEN = ((3, (Case("attn", (2, 6, 12), 3, seed=2), Case("attn", (1, 5, 30), 6, seed=3),
                      Case("attn", (2, 3, 8), 4, seed=4))),)
@@ -189,6 +189,11 @@ def _cpu(t):
     return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else None
 
 
+def _dy_seed(case: Case, rank: int) -> int:
+    """f's upstream gradients differ per rank; g's are the same on every rank, as after g in a model."""
+    return 100 + 10 * case.seed + (rank if case.kind == "f" else 0)
+
+
 def _run_fg(cls, case: Case, i: int, spy) -> dict:
     """f or g on this rank's x with an upstream gradient per rank; the grader sums the group."""
     import torch.distributed as dist
@@ -198,7 +203,7 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
     rank = dist.get_rank()
     group = _group(case)
     x = _tensor(case.shape, 10 * case.seed + rank).to(device()).requires_grad_()
-    dy = _tensor(case.shape, 100 + 10 * case.seed + rank).to(device())
+    dy = _tensor(case.shape, _dy_seed(case, rank)).to(device())
     with spy.watch():
         y = cls.apply(x * 1, group)  # x * 1: a non-leaf input, as inside a model
         spy.note("backward")
@@ -240,6 +245,24 @@ def _run_layer(cls, case: Case, i: int, spy) -> dict:
             "grads": {k: _cpu(p.grad) for k, p in params.items()}}
 
 
+def _settle_layer(result: dict, case: Case, i: int, n: int) -> bool:
+    """On each rank: is this rank's piece right?  (The ranks then stop a wrong answer together.)"""
+    import torch.distributed as dist
+
+    if "raised" in result:
+        return result["raised"] is True
+    if not isinstance(result.get("y"), torch.Tensor):
+        return False
+    rank, ref = dist.get_rank(), _reference(case)
+    pieces = [(result["y"], _mine(ref["y"], _output_split(case), rank, n)),
+              (result["dx"], _mine(ref["dx"], _INPUT_SPLIT.get(case.kind), rank, n))]
+    for name, dim in _split_map(case).items():
+        pieces.append((result["params"].get(name), _mine(ref["params"][name], dim, rank, n)))
+        if dim is not None or case.kind != "sp":
+            pieces.append((result["grads"].get(name), _mine(ref["grads"][name], dim, rank, n)))
+    return all(check.same_values(got, want) for got, want in pieces)
+
+
 # ---------------------------------------------------------------- the single-process reference
 def _reference(case: Case) -> dict:
     full = reference_module(case)
@@ -264,7 +287,7 @@ def _grade_fg(which: str):
         for i, case in enumerate(g.cases):
             res = g.at(i)
             xs = [_tensor(case.shape, 10 * case.seed + r) for r in range(g.n)]
-            dys = [_tensor(case.shape, 100 + 10 * case.seed + r) for r in range(g.n)]
+            dys = [_tensor(case.shape, _dy_seed(case, r)) for r in range(g.n)]
             for r, out in enumerate(res):
                 where = f"{case.describe(g.n)}, rank {r}"
                 if not isinstance(out["y"], torch.Tensor):
@@ -357,8 +380,9 @@ def _grade_layer(g: Graded) -> str | None:
         message = _named_mismatch("parameter", [o["params"] for o in res], ref["params"], split, g.n, False)
         if message:
             return f"{g.name}'s shards are wrong for {where}.\n{message}"
-        message = (_output_mismatch(case, [o["y"] for o in res], ref, g.n, "y")
-                   or _output_mismatch(case, [o["dx"] for o in res], ref, g.n, "dx"))
+        records = [per_rank[i] for per_rank in g.records]
+        message = (_output_mismatch(case, [o["y"] for o in res], ref, g.n, "y", records)
+                   or _output_mismatch(case, [o["dx"] for o in res], ref, g.n, "dx", records))
         if message:
             return f"{g.name} is wrong for {where}.\n{message}"
         message = _named_mismatch("gradient", [o["grads"] for o in res], ref["grads"], split, g.n,
@@ -368,14 +392,15 @@ def _grade_layer(g: Graded) -> str | None:
     return None
 
 
-def _output_mismatch(case: Case, got: list, ref: dict, n: int, key: str) -> str | None:
+def _output_mismatch(case: Case, got: list, ref: dict, n: int, key: str, records: list) -> str | None:
     want = ref[key]
     name = "output" if key == "y" else "gradient of the input"
     dim = _output_split(case) if key == "y" else _INPUT_SPLIT.get(case.kind)
     if any(t is None for t in got):
         r = next(r for r, t in enumerate(got) if t is None)
-        return (f"the input got no gradient on rank {r}: did backward reach it? (Detaching or "
-                "creating tensors with torch.tensor() cuts the graph.)")
+        return (f"the input got no gradient on rank {r}: did backward reach it? A collective's result "
+                "has no gradient of its own (wrap the collective in an autograd Function, as f and g "
+                "do), and detaching or torch.tensor() cuts the graph too.")
     try:
         if dim is not None:
             check.assert_shards_reassemble(got, want, dim=dim, name=name, world_size=n)
@@ -383,29 +408,29 @@ def _output_mismatch(case: Case, got: list, ref: dict, n: int, key: str) -> str 
             for r, t in enumerate(got):
                 check.assert_close(t, want, name=name, rank=r)
     except AssertionError as err:
-        hint = _layer_hint(case, got, ref, n, key)
+        hint = _layer_hint(case, got, ref, n, key, records)
         return f"{err}" + (f"\nHint: {hint}" if hint else "")
     return None
 
 
-def _layer_hint(case: Case, got: list, ref: dict, n: int, key: str) -> str:
+def _layer_hint(case: Case, got: list, ref: dict, n: int, key: str, records: list) -> str:
     """A guess at the mistake behind a wrong output or input gradient (never raises)."""
     want = ref[key]
     shapes_ok = all(isinstance(t, torch.Tensor) and t.shape == want.shape for t in got)
-    if key == "y" and case.kind == "row" and case.bias and shapes_ok:
-        bias = ref["params"]["bias"]
+    bias = ref["params"].get(_OUTPUT_BIAS.get(case.kind, ""), torch.zeros(()))
+    if key == "y" and case.bias and shapes_ok and case.kind in _OUTPUT_BIAS:
         if all(check.same_values(t, want + (n - 1) * bias) for t in got):
             return (f"the output has the bias {n} times: every rank added it before the all-reduce "
                     "summed them. Add the bias once, after the all-reduce.")
     if shapes_ok and key == "dx" and check.same_values(torch.stack(got).sum(0), want):
         return ("the input's gradient on each rank is only that rank's part, and they add up to the "
                 "right one: the all-reduce in backward (f's backward) is missing.")
-    if shapes_ok and key == "y" and check.same_values(torch.stack(got).sum(0), want):
+    if shapes_ok and key == "y" and check.same_values(torch.stack(got).sum(0) - (n - 1) * bias, want):
         return "each rank returned its partial sum: the all-reduce in forward (g) is missing."
     if shapes_ok and all(check.same_values(t, n * want) for t in got):
         return f"every rank holds {n} x the right {'output' if key == 'y' else 'gradient'}: summed once too often (f and g swapped?)."
     if case.kind == "sp" and key == "y":
-        return _sp_hint(case, got, ref, n)
+        return _sp_hint(case, got, ref, n, records)
     if case.kind == "attn" and key == "y":
         return ("check the head split: rank r holds heads r·n_head/t to (r+1)·n_head/t − 1, which are "
                 "rows r·d_model/t to (r+1)·d_model/t − 1 of q, k and v's weights. Reshape each shard "
@@ -413,15 +438,26 @@ def _layer_hint(case: Case, got: list, ref: dict, n: int, key: str) -> str:
     return ""
 
 
-def _sp_hint(case: Case, got: list, ref: dict, n: int) -> str:
+#: The bias added after the all-reduce, per kind.
+_OUTPUT_BIAS = {"row": "bias", "mlp": "down.bias", "attn": "o.bias"}
+
+
+_SP_GATHER = ("attention ran without the other positions. All-gather the sequence (after the "
+              "LayerNorm) before attention and before the MLP, and reduce-scatter after.")
+
+
+def _sp_hint(case: Case, got: list, ref: dict, n: int, records: list) -> str:
+    for r, rec in enumerate(records):
+        first = next((c["op"] for c in _calls(rec, False)), None)
+        if first not in GATHERS:
+            return (f"rank {r}'s first collective in forward was {first or 'none'}, not an all-gather: "
+                    + _SP_GATHER)
     block, x = ref["module"], ref["x"]
     with torch.no_grad():
         alone = [block(chunk) for chunk in x.chunk(n, dim=1)]
     for r, t in enumerate(got):
         if isinstance(t, torch.Tensor) and t.shape == alone[r].shape and check.same_values(t, alone[r]):
-            return (f"rank {r}'s output is what the block gives for its part of the sequence alone: "
-                    "attention ran without the other positions. All-gather the sequence (after the "
-                    "LayerNorm) before attention and before the MLP, and reduce-scatter after.")
+            return f"rank {r}'s output is what the block gives for its part of the sequence alone: " + _SP_GATHER
     return ""
 
 
@@ -573,7 +609,7 @@ def _grade_with_uneven(what: str):
 
 
 # ---------------------------------------------------------------- byte prediction (a formula)
-_BYTES_VISIBLE = ((1, ((4, 1024, 4096, 8, 2), (1, 32, 64, 2, 4), (3, 7, 5, 4, 2))),)
+_BYTES_VISIBLE = ((1, ((3, 7, 5, 4, 4), (4, 1024, 4096, 8, 2), (1, 32, 64, 2, 2))),)
 _BYTES_HIDDEN = ((1, ((2, 2048, 8192, 4, 2), (5, 11, 13, 3, 4), (1, 1, 1, 1, 2))),)
 
 
@@ -608,8 +644,18 @@ def _grade_bytes(g: Graded) -> str | None:
 
 # ---------------------------------------------------------------- the exercises
 def _ex(key, answer, run, grade, visible, hidden, rules=(), **kw) -> Exercise:
+    settle = _settle_layer if run is _run_layer else None
     return Exercise(key=f"lab03.{key}", answer=answer, run=run, grade=grade, visible=visible,
-                    hidden=hidden, rules=rules, timeout=TIMEOUT, kind="class", **kw)
+                    hidden=hidden, rules=rules, timeout=TIMEOUT, kind="class", settle=settle, **kw)
+
+
+def _shape_error(text: str) -> str:
+    if "cannot be multiplied" in text or "size of tensor" in text or "shape" in text:
+        return ("the weight shard does not fit the input: did you split the wrong dimension? "
+                "nn.Linear's weight is (out_features, in_features): a column-parallel layer keeps "
+                "rows (dim 0), a row-parallel layer keeps columns (dim 1) and gets this rank's slice "
+                "of the input features.")
+    return ""
 
 
 _HANG = ("every rank of the group must make the same collectives in the same order: is a collective "
@@ -626,13 +672,15 @@ COLUMN = _ex("column", "ColumnParallelLinear", _run_layer, _grade_with_uneven("o
              (Rule(SHARDS_SAYS, _shards_only),
               Rule("No all-gather of the full weight: forward communicates only to gather the output "
                    "(with `gather_output=True`), and backward makes one all-reduce.", _column_comm),
-              Rule(_uneven_says("`out_features`"), _uneven_raises("out_features"))), on_hang=_HANG)
+              Rule(_uneven_says("`out_features`"), _uneven_raises("out_features"))), on_hang=_HANG,
+             on_error=_shape_error)
 ROW = _ex("row", "RowParallelLinear", _run_layer, _grade_with_uneven("in_features"),
           _ROW_VISIBLE, _ROW_HIDDEN,
           (Rule(SHARDS_SAYS, _shards_only),
            Rule("Forward makes exactly one all-reduce (of the output); backward makes none.",
                 _one_each(["all_reduce"], [], "one all-reduce in forward, none in backward")),
-           Rule(_uneven_says("`in_features`"), _uneven_raises("in_features"))), on_hang=_HANG)
+           Rule(_uneven_says("`in_features`"), _uneven_raises("in_features"))), on_hang=_HANG,
+          on_error=_shape_error)
 _MLP_COMM = Rule("One all-reduce in forward and one in backward, and no other collective (no "
                  "all-gather of the full weight).",
                  _one_each(["all_reduce"], ["all_reduce"], "one all-reduce in each"))

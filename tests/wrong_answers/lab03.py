@@ -1,0 +1,631 @@
+"""Typical wrong answers to Lab 03's exercises (tensor parallelism).
+
+``WRONG`` maps each exercise of ``parlab.grading.lab03.EXERCISES`` to a list
+of (fixture, words the check's message must contain).  The fixtures are the
+mistakes students make: f and g swapped, the all-reduce missing in
+backward, the weight split along the wrong dimension, the bias of a
+row-parallel layer added on every rank, heads split without reshaping,
+unequal shards when the split is uneven, sequence parallelism without the
+gather before attention, and right numbers reached the wrong way (an
+all-gather of the full weight, an all-reduce in the sequence-parallel
+block).  tests/test_lab03.py runs every fixture.
+"""
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ------------------------------------------------ shared pieces (correct), used by the wrong layers
+class _F(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group=None):
+        ctx.group = group
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _G(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group=None):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _shard(total, what):
+    n = dist.get_world_size()
+    if total % n:
+        raise ValueError(f"{what} {total} is not divisible by {n} ranks")
+    return total // n, dist.get_rank()
+
+
+def _column_params(module, linear, dim=0):
+    size, r = _shard(linear.weight.shape[dim], "features")
+    module.weight = nn.Parameter(linear.weight.detach().narrow(dim, r * size, size).clone())
+    module.bias = None
+    if linear.bias is not None:
+        module.bias = nn.Parameter(linear.bias.detach()[r * size:(r + 1) * size].clone()
+                                   if dim == 0 else linear.bias.detach().clone())
+
+
+class _Col(nn.Module):
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__()
+        _column_params(self, linear)
+
+    def forward(self, x):
+        return F.linear(_F.apply(x), self.weight, self.bias)
+
+
+class _Row(nn.Module):
+    def __init__(self, linear, *, group=None):
+        super().__init__()
+        _column_params(self, linear, dim=1)
+
+    def forward(self, x):
+        y = _G.apply(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+def _attention(q, k, v, head_dim):
+    B, T, _ = q.shape
+    q, k, v = (t.view(B, T, -1, head_dim).transpose(1, 2) for t in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+
+
+# ------------------------------------------------ 1. f and g
+class f_is_g(torch.autograd.Function):
+    """f and g swapped: this 'f' all-reduces in forward and passes the gradient through."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class f_no_backward_all_reduce(torch.autograd.Function):
+    """Identity both ways: the all-reduce in backward is missing."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class f_ignores_group(torch.autograd.Function):
+    """All-reduces over the whole world instead of the group it was given."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad, None
+
+
+class f_sums_all_gather(torch.autograd.Function):
+    """Right numbers, but the sum is an all-gather followed by a local sum."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        ctx.group = group
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size(ctx.group))]
+        dist.all_gather(parts, grad.contiguous(), group=ctx.group)
+        return torch.stack(parts).sum(0), None
+
+
+class g_is_f(torch.autograd.Function):
+    """f and g swapped: this 'g' is the identity in forward and all-reduces in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        ctx.group = group
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class g_all_reduces_backward_too(torch.autograd.Function):
+    """All-reduce in forward, and again in backward (the gradient is summed t times)."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        ctx.group = group
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class g_sums_all_gather(torch.autograd.Function):
+    """Right numbers, but g's sum is an all-gather followed by a local sum."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+# ------------------------------------------------ 2. column- and row-parallel linear
+class column_without_f(_Col):
+    """Never calls f: forward is right, but x's gradient is only this rank's part."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class column_splits_in_features(nn.Module):
+    """Splits the weight along dim 1 (in_features) and the input to match: that is a row split."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__()
+        _column_params(self, linear, dim=1)
+
+    def forward(self, x):
+        n, r = dist.get_world_size(), dist.get_rank()
+        return F.linear(_F.apply(x).chunk(n, -1)[r], self.weight, self.bias)
+
+
+class column_unequal_shards(nn.Module):
+    """tensor_split: silently makes unequal shards when out_features % t != 0."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__()
+        n, r = dist.get_world_size(), dist.get_rank()
+        self.weight = nn.Parameter(linear.weight.detach().tensor_split(n)[r].clone())
+        self.bias = (nn.Parameter(linear.bias.detach().tensor_split(n)[r].clone())
+                     if linear.bias is not None else None)
+        self.gather_output = gather_output
+
+    def forward(self, x):
+        y = F.linear(_F.apply(x), self.weight, self.bias)
+        if self.gather_output:
+            parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, y.contiguous())
+            parts[dist.get_rank()] = y
+            y = torch.cat(parts, -1)
+        return y
+
+
+class column_gathers_weight(_Col):
+    """All-gathers the full weight in forward and slices the output: right numbers, full weight."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__(linear)
+        self.gather_output = gather_output
+
+    def forward(self, x):
+        n, r = dist.get_world_size(), dist.get_rank()
+        parts = [torch.empty_like(self.weight) for _ in range(n)]
+        dist.all_gather(parts, self.weight.detach().contiguous())
+        parts[r] = self.weight
+        bias = None
+        if self.bias is not None:
+            bparts = [torch.empty_like(self.bias) for _ in range(n)]
+            dist.all_gather(bparts, self.bias.detach().contiguous())
+            bparts[r] = self.bias
+            bias = torch.cat(bparts)
+        if self.gather_output:  # the full weight: x's gradient is complete
+            return F.linear(x, torch.cat(parts), bias)
+        return F.linear(_F.apply(x), torch.cat(parts), bias).chunk(n, -1)[r]
+
+
+class column_keeps_full_weight(nn.Module):
+    """Keeps the full layer as a submodule and slices its weight in every forward."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__()
+        _shard(linear.out_features, "out_features")
+        self.full = linear
+        self.gather_output = gather_output
+        size, r = linear.out_features // dist.get_world_size(), dist.get_rank()
+        self.weight = nn.Parameter(linear.weight.detach()[r * size:(r + 1) * size].clone())
+        self.bias = (nn.Parameter(linear.bias.detach()[r * size:(r + 1) * size].clone())
+                     if linear.bias is not None else None)
+
+    def forward(self, x):
+        y = F.linear(_F.apply(x), self.weight, self.bias)
+        if self.gather_output:
+            parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, y.contiguous())
+            parts[dist.get_rank()] = y
+            y = torch.cat(parts, -1)
+        return y
+
+
+class row_bias_on_every_rank(_Row):
+    """Adds the bias before the all-reduce, so the sum holds it t times."""
+
+    def forward(self, x):
+        return _G.apply(F.linear(x, self.weight, self.bias))
+
+
+class row_uses_f_not_g(_Row):
+    """f where g belongs: no all-reduce in forward, one in backward."""
+
+    def forward(self, x):
+        y = _F.apply(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class row_splits_out_features(nn.Module):
+    """Splits the weight along dim 0 (out_features), as a column-parallel layer does."""
+
+    def __init__(self, linear, *, group=None):
+        super().__init__()
+        _column_params(self, linear, dim=0)
+
+    def forward(self, x):
+        return _G.apply(F.linear(x, self.weight))
+
+
+class row_unequal_shards(nn.Module):
+    """tensor_split of the input features: unequal shards when in_features % t != 0."""
+
+    def __init__(self, linear, *, group=None):
+        super().__init__()
+        n, r = dist.get_world_size(), dist.get_rank()
+        self.weight = nn.Parameter(linear.weight.detach().tensor_split(n, dim=1)[r].clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+
+    def forward(self, x):
+        y = _G.apply(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class row_keeps_full_layer(_Row):
+    """Keeps the full layer as a submodule next to its shard."""
+
+    def __init__(self, linear, *, group=None):
+        super().__init__(linear)
+        self.full = linear
+
+
+class _SumGathered(torch.autograd.Function):
+    """g written as an all-gather of the partial sums and a local sum (right numbers)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.stack(parts).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class row_sums_all_gather(_Row):
+    """Sums the partial outputs by all-gathering them: t times the bytes of a reduce."""
+
+    def forward(self, x):
+        y = _SumGathered.apply(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+# ------------------------------------------------ 3. the MLP
+class mlp_gathers_between(nn.Module):
+    """Gathers the hidden activation after `up` and slices it again: an extra all-gather."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.up, self.down = _Col(mlp.up), _Row(mlp.down)
+
+    def forward(self, x):
+        n, r = dist.get_world_size(), dist.get_rank()
+        h = F.gelu(self.up(x)).contiguous()
+        parts = [torch.empty_like(h) for _ in range(n)]
+        dist.all_gather(parts, h)
+        parts[r] = h
+        return self.down(torch.cat(parts, -1).chunk(n, -1)[r])
+
+
+class mlp_without_f(nn.Module):
+    """Column layer without f: the input's gradient is only this rank's part."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.up, self.down = column_without_f(mlp.up), _Row(mlp.down)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class mlp_bias_on_every_rank(nn.Module):
+    """The row layer adds its bias on every rank."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.up, self.down = _Col(mlp.up), row_bias_on_every_rank(mlp.down)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class mlp_keeps_full(nn.Module):
+    """Keeps the full MLP as a submodule next to the shards."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.up, self.down, self.full = _Col(mlp.up), _Row(mlp.down), mlp
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+# ------------------------------------------------ 4. attention by heads
+class _Attn(nn.Module):
+    def __init__(self, attn, group=None):
+        super().__init__()
+        self.head_dim = attn.head_dim
+        _shard(attn.q.out_features // attn.head_dim, "n_head")
+        self.q, self.k, self.v = _Col(attn.q), _Col(attn.k), _Col(attn.v)
+        self.o = _Row(attn.o)
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, m.weight, m.bias) for m in (self.q, self.k, self.v)]
+        return self.o(_attention(*qkv, self.head_dim))
+
+
+class attn_f_per_projection(_Attn):
+    """q, k and v each call f (their column layers' own forward): three all-reduces in backward."""
+
+    def forward(self, x):
+        return self.o(_attention(self.q(x), self.k(x), self.v(x), self.head_dim))
+
+
+class attn_keeps_full(_Attn):
+    """Keeps the full attention module next to its shards."""
+
+    def __init__(self, attn, group=None):
+        super().__init__(attn)
+        self.full = attn
+
+
+class attn_heads_not_reshaped(_Attn):
+    """Runs attention on the whole shard as one head: never views it as (n_head/t, head_dim)."""
+
+    def forward(self, x):
+        x = _F.apply(x)
+        q, k, v = (F.linear(x, m.weight, m.bias).unsqueeze(1) for m in (self.q, self.k, self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1)
+        return self.o(y)
+
+
+class attn_slices_every_head(nn.Module):
+    """Gives each rank a slice of every head (head_dim/t columns each), not whole heads."""
+
+    def __init__(self, attn, group=None):
+        super().__init__()
+        n, r = dist.get_world_size(), dist.get_rank()
+        hd = attn.head_dim
+        heads = attn.q.out_features // hd
+        _shard(heads, "n_head")
+        rows = torch.cat([torch.arange(h * hd, (h + 1) * hd).chunk(n)[r] for h in range(heads)])
+        self.head_dim = hd // n if hd % n == 0 else hd
+        for name in "qkv":
+            lin, m = getattr(attn, name), nn.Module()
+            m.weight = nn.Parameter(lin.weight.detach()[rows].clone())
+            m.bias = nn.Parameter(lin.bias.detach()[rows].clone()) if lin.bias is not None else None
+            setattr(self, name, m)
+        self.o = nn.Module()
+        self.o.weight = nn.Parameter(attn.o.weight.detach()[:, rows].clone())
+        self.o.bias = nn.Parameter(attn.o.bias.detach().clone()) if attn.o.bias is not None else None
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, getattr(self, m).weight, getattr(self, m).bias) for m in "qkv"]
+        y = _G.apply(F.linear(_attention(*qkv, self.head_dim), self.o.weight))
+        return y if self.o.bias is None else y + self.o.bias
+
+
+class attn_unequal_heads(_Attn):
+    """Splits q, k, v with tensor_split when n_head % t != 0: unequal shards, no error."""
+
+    def __init__(self, attn, group=None):
+        nn.Module.__init__(self)
+        n, r = dist.get_world_size(), dist.get_rank()
+        self.head_dim = hd = attn.head_dim
+        heads = attn.q.out_features // hd
+        mine = list(range(heads))[r * heads // n:(r + 1) * heads // n]
+        rows = torch.cat([torch.arange(h * hd, (h + 1) * hd) for h in mine]) if mine else torch.arange(0)
+        for name in "qkv":
+            lin, m = getattr(attn, name), nn.Module()
+            m.weight = nn.Parameter(lin.weight.detach()[rows].clone())
+            m.bias = nn.Parameter(lin.bias.detach()[rows].clone()) if lin.bias is not None else None
+            setattr(self, name, m)
+        self.o = nn.Module()
+        self.o.weight = nn.Parameter(attn.o.weight.detach()[:, rows].clone())
+        self.o.bias = nn.Parameter(attn.o.bias.detach().clone()) if attn.o.bias is not None else None
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, getattr(self, m).weight, getattr(self, m).bias) for m in "qkv"]
+        y = _G.apply(F.linear(_attention(*qkv, self.head_dim), self.o.weight))
+        return y if self.o.bias is None else y + self.o.bias
+
+
+# ------------------------------------------------ 5. sequence parallelism
+class _Gather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [p.contiguous() for p in grad.chunk(dist.get_world_size(), 1)]
+        out = torch.empty_like(parts[0])
+        dist.reduce_scatter(out, parts)
+        return out
+
+
+class _Scatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        parts = [p.contiguous() for p in x.chunk(dist.get_world_size(), 1)]
+        out = torch.empty_like(parts[0])
+        dist.reduce_scatter(out, parts)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, grad.contiguous())
+        return torch.cat(parts, 1)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.up, self.down = _Col(mlp.up), _Row(mlp.down)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+    def local(self, x):
+        return F.linear(F.gelu(F.linear(x, self.up.weight, self.up.bias)), self.down.weight)
+
+
+class _Sp(nn.Module):
+    def __init__(self, block, group=None):
+        super().__init__()
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.attn, self.mlp = _Attn(block.attn), _Mlp(block.mlp)
+
+    def attn_local(self, h):
+        qkv = [F.linear(h, m.weight, m.bias) for m in (self.attn.q, self.attn.k, self.attn.v)]
+        return F.linear(_attention(*qkv, self.attn.head_dim), self.attn.o.weight)
+
+
+class sp_without_gather(_Sp):
+    """Runs the TP block on this rank's part of the sequence: attention never sees the rest."""
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class _ReduceThenSlice(torch.autograd.Function):
+    """All-reduce, keep this rank's part of the sequence; backward all-gathers (right numbers)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x.chunk(dist.get_world_size(), 1)[dist.get_rank()].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, grad.contiguous())
+        return torch.cat(parts, 1)
+
+
+class sp_all_reduce_then_slice(_Sp):
+    """Gathers the sequence, then all-reduces the full partial sums and keeps its slice."""
+
+    def forward(self, x):
+        x = x + _ReduceThenSlice.apply(self.attn_local(_Gather.apply(self.ln1(x)))) + self.attn.o.bias
+        return x + _ReduceThenSlice.apply(self.mlp.local(_Gather.apply(self.ln2(x)))) + self.mlp.down.bias
+
+
+class sp_gathers_q_k_v_apart(_Sp):
+    """One all-gather for each of q, k and v: right numbers, three times the bytes."""
+
+    def forward(self, x):
+        h = self.ln1(x)
+        a = self.attn
+        qkv = [F.linear(_Gather.apply(h), m.weight, m.bias) for m in (a.q, a.k, a.v)]
+        x = x + _Scatter.apply(F.linear(_attention(*qkv, a.head_dim), a.o.weight)) + a.o.bias
+        return x + _Scatter.apply(self.mlp.local(_Gather.apply(self.ln2(x)))) + self.mlp.down.bias
+
+
+# ------------------------------------------------ 6. the byte formula
+def bytes_forward_only(b, s, h, t, k=2):
+    """Counts the two all-reduces of forward only."""
+    return 4 * b * s * h * (t - 1) / t * k
+
+
+def bytes_no_ring_factor(b, s, h, t, k=2):
+    """Each all-reduce counted as 2bsh per rank: the ring's (t - 1)/t is missing."""
+    return 8 * b * s * h * k
+
+
+def bytes_in_bits(b, s, h, t, k=2):
+    return 8 * b * s * h * (t - 1) / t * k * 8
+
+
+def bytes_elements(b, s, h, t, k=2):
+    """Forgets bytes_per_element."""
+    return 8 * b * s * h * (t - 1) / t
+
+
+WRONG = {
+    "f": [(f_is_g, "did you swap f and g"), (f_no_backward_all_reduce, "missing in backward"),
+          (f_ignores_group, "pass group=group"), (f_sums_all_gather, "called dist.all_gather")],
+    "g": [(g_is_f, "missing in forward"), (g_all_reduces_backward_too, "g's backward is the identity"),
+          (g_sums_all_gather, "called dist.all_gather")],
+    "column": [(column_without_f, "(f's backward) is missing"),
+               (column_splits_in_features, "split the wrong dimension"),
+               (column_unequal_shards, "divisible by the number of ranks"),
+               (column_gathers_weight, "No all-gather of the full weight"),
+               (column_keeps_full_weight, "the full layer has")],
+    "row": [(row_bias_on_every_rank, "Add the bias once, after the all-reduce"),
+            (row_uses_f_not_g, "the all-reduce in forward (g) is missing"),
+            (row_splits_out_features, "split the wrong dimension"),
+            (row_unequal_shards, "divisible by the number of ranks"),
+            (row_keeps_full_layer, "the full layer has"),
+            (row_sums_all_gather, "one all-reduce in forward, none in backward")],
+    "mlp": [(mlp_gathers_between, "one all-reduce in each"), (mlp_without_f, "(f's backward) is missing"),
+            (mlp_bias_on_every_rank, "Add the bias once"), (mlp_keeps_full, "the full layer has")],
+    "attn": [(attn_heads_not_reshaped, "Reshape each shard"), (attn_slices_every_head, "do not reassemble"),
+             (attn_unequal_heads, "divisible by the number of ranks"),
+             (attn_f_per_projection, "one all-reduce in each"), (attn_keeps_full, "the full layer has")],
+    "sp": [(sp_without_gather, "attention ran without the other positions"),
+           (sp_all_reduce_then_slice, "called dist.all_reduce"),
+           (sp_gathers_q_k_v_apart, "once for q, k and v together")],
+    "bytes": [(bytes_forward_only, "count backward"), (bytes_no_ring_factor, "(t − 1)/t"),
+              (bytes_in_bits, "bits"), (bytes_elements, "bytes_per_element")],
+}
