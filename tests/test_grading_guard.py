@@ -73,11 +73,16 @@ def graded(tmp_path_factory):
                      workdir=root / "course")
 
 
+#: nbgrader clears cell metadata in the autograded copy, so find test cells by their call.
+CALLS = {"test_ex1_rs_ag": "lab01.check_allreduce_from_rs_ag(", "test_ex2_ring": "lab01.check_ring_allreduce("}
+
+
 def _cell(result, grade_id):
     for cell in nbformat.read(result["adversary"]["autograded"], as_version=4).cells:
-        if cell.metadata.get("nbgrader", {}).get("grade_id") == grade_id:
+        if cell.cell_type == "code" and cell.source.lstrip().startswith("from parlab.grading import lab01") \
+                and CALLS[grade_id] in cell.source:
             return cell
-    raise AssertionError(grade_id)
+    raise AssertionError(f"no test cell {grade_id} in the autograded notebook")
 
 
 def test_hostile_wrong_answer_scores_zero(graded):

@@ -118,6 +118,9 @@ class GuardedExecute(Execute):
             calls = graded_calls(cell.source)
             if calls:
                 cell.outputs = self._grade(calls, index)
+                # nbclient's execute_cell stores the cell it ran at nb.cells[index]: the
+                # hand-in probes replaced this test cell there, so put it back.
+                self.nb.cells[index] = cell
         return cell, self.resources
 
     # ------------------------------------------------------------ sandbox
@@ -145,7 +148,7 @@ class GuardedExecute(Execute):
         probe = NotebookNode(cell_type="code", source=code, metadata={}, outputs=[],
                              execution_count=None, id=f"parlab-dump-{index}")
         try:
-            self.execute_cell(probe, index, store_history=False)
+            self._execute_aside(probe, index)
         except DeadKernelError:
             self._restart_and_replay(index)
             return f"the kernel died while handing in {answer} for grading."
@@ -180,6 +183,17 @@ class GuardedExecute(Execute):
             return {"passed": False, "message": "the grader could not finish (exit code "
                     f"{proc.returncode}):\n{out[-3000:]}"}, ""
 
+    def _execute_aside(self, cell, index: int) -> None:
+        """Run ``cell`` in the kernel without it taking the place of notebook cell ``index``.
+
+        (nbclient stores the cell it executed at its index in the notebook.)
+        """
+        original = self.nb.cells[index]
+        try:
+            self.execute_cell(cell, index, store_history=False)
+        finally:
+            self.nb.cells[index] = original
+
     # ------------------------------------------------------------ kernel death
     def _restart_kernel(self) -> None:
         run_sync(self.km.restart_kernel)(now=True)
@@ -195,7 +209,7 @@ class GuardedExecute(Execute):
             if cell.cell_type != "code" or earlier in self._killers or _is_test_cell(cell):
                 continue
             try:
-                self.execute_cell(copy.deepcopy(cell), earlier, store_history=False)
+                self._execute_aside(copy.deepcopy(cell), earlier)
             except DeadKernelError:
                 self._killers.add(earlier)
                 self._restart_kernel()
