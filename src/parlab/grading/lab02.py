@@ -69,9 +69,9 @@ class Case:
         model = build(self.model, seed=seed, **dict(self.overrides))
         if self.unused:
             model.register_parameter(SPARE, nn.Parameter(torch.full((8,), 0.5)))
-        params = dict(model.named_parameters())
+        named = dict(model.named_parameters())
         for name in self.frozen:
-            params[name].requires_grad_(False)
+            named[name].requires_grad_(False)
         return model
 
     def describe(self, n: int) -> str:
