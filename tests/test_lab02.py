@@ -221,6 +221,19 @@ def train_flat_functions(model, optimizer, steps, batch_size, seq_len, seed):
         optimizer.step()
 
 
+def train_logs_full_loss(model, optimizer, steps, batch_size, seq_len, seed):
+    """Also evaluates the whole global batch under no_grad, for a log line: trains nothing."""
+    broadcast_each(model)
+    for step in range(steps):
+        x, y = _local_batch(step, batch_size, seq_len, seed, batch_chunk)
+        optimizer.zero_grad()
+        lm_loss(model, x, y).backward()
+        allreduce_avg_each(model)
+        optimizer.step()
+        with torch.no_grad():
+            lm_loss(model, *_local_batch(step, batch_size, seq_len, seed, lambda *b: b))
+
+
 CORRECT = {
     "broadcast": [broadcast_each, broadcast_flat, broadcast_state_dict],
     "shard": [batch_slices, batch_chunk, batch_tensor_split, batch_narrow_list],
@@ -229,7 +242,7 @@ CORRECT = {
     "accum": [accum_scaled_loss, accum_autograd_backward, accum_scale_grads_after],
     "bucketed": [BucketsFlat, BucketsAvgViews],
     "ddp": [ddp_plain, ddp_small_buckets, ddp_find_unused],
-    "train": [train_own_functions, train_flat_functions],
+    "train": [train_own_functions, train_flat_functions, train_logs_full_loss],
 }
 
 

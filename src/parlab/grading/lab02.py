@@ -243,9 +243,10 @@ def _run_train(fn, case, i, spy):
     model, opt = _setup(case, INIT_SEED + dist.get_rank())
     out: list = []
 
-    def seen(module, args, kwargs):  # the rows each forward pass of this rank receives
+    def seen(module, args, kwargs):  # the rows each training forward pass of this rank receives
         idx = args[0] if args else kwargs.get("input_ids", kwargs.get("idx"))
-        spy.note("forward", rows=int(idx.size(0)) if isinstance(idx, torch.Tensor) else 0)
+        if torch.is_grad_enabled():  # a forward under no_grad (logging a loss) trains nothing
+            spy.note("forward", rows=int(idx.size(0)) if isinstance(idx, torch.Tensor) else 0)
 
     def before_step(*_):
         spy.note("step")
