@@ -96,7 +96,7 @@ def _grade_hello(graded: harness.Graded) -> str | None:
     for rank, got in enumerate(results):
         message = _hello_message(rank, got, results, graded.n)
         if message:
-            return f"{graded.name}() on {graded.n} ranks: {message}"
+            return f"{graded.name}() on {graded.n} rank{'s' if graded.n != 1 else ''}: {message}"
     return None
 
 

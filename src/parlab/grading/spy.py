@@ -52,6 +52,12 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
     return None
 
 
+def _global_peer(group, group_peer: int) -> int:
+    """The global rank of a peer named by its rank in ``group`` (``batch_isend_irecv`` names
+    peers as ``group_dst``/``group_src``)."""
+    return int(group_peer) if group is None else dist.get_global_rank(group, int(group_peer))
+
+
 class _Work:
     """Wraps an async work handle and notes when it was waited on."""
 
@@ -138,6 +144,8 @@ class Spy:
                     "waited_in_backward": False}
             if op in _PEER_ARG:
                 peer = kwargs.get(_PEER_ARG[op], args[1] if len(args) > 1 else None)
+                if peer is None and kwargs.get("group_" + _PEER_ARG[op]) is not None:
+                    peer = _global_peer(kwargs.get("group"), kwargs["group_" + _PEER_ARG[op]])
                 call["peer"] = int(peer) if peer is not None else None
             spy.calls.append(call)
             spy._in_dist += 1

@@ -3,6 +3,11 @@
 - ``parlab.parallel.mesh``  the rank <-> (p, d, t) mapping of a 3-D device mesh
   (TP innermost, then DP, then PP) and the process-group rank lists along each
   axis, in the order ``torch.distributed.device_mesh.init_device_mesh`` uses.
+- ``parlab.parallel.pp_stages``  parlab's GPT cut into pipeline stages, a stage
+  with a controlled (sleeping) cost, forward/backward spans, and a meter of the
+  activation bytes autograd holds.
+- ``parlab.parallel.pp_schedule``  ideal GPipe / 1F1B / interleaved timetables,
+  simulated from each stage's order of passes.
 
 The students' own parallel code lives in their notebooks, not here.
 """

@@ -1,0 +1,127 @@
+"""Lab 04's rules, judged on the spy's records of each stage.
+
+A record holds every dist call (op, peer, elements) and the events the
+runner noted: "step" at the start of each training step and "forward" each
+time the stage's forward ran, each carrying the number of backward passes
+(and dist calls) seen so far.  From these the rules rebuild, per step and
+per stage, the messages sent and the order of forwards and backwards.
+"""
+from __future__ import annotations
+
+import math
+
+from .spy import COLLECTIVES, used
+
+
+def steps_of(record: dict) -> list[dict]:
+    """Per training step: its dist calls, the backwards run before each forward, its backwards,
+    and the activation bytes held (the "held" event)."""
+    out: list[dict] = []
+    for e in record["events"]:
+        if e["event"] == "step":
+            out.append({"start": e, "forwards": [], "held": None})
+        elif out and e["event"] == "forward":
+            out[-1]["forwards"].append(e["backward"] - out[-1]["start"]["backward"])
+        elif out and e["event"] == "held":
+            out[-1]["held"] = e
+    for k, step in enumerate(out):
+        end = (out[k + 1]["start"] if k + 1 < len(out)
+               else {"calls": len(record["calls"]), "backward": record["backward"]})
+        step["calls"] = record["calls"][step["start"]["calls"]:end["calls"]]
+        step["backwards"] = end["backward"] - step["start"]["backward"]
+    return out
+
+
+def no_collective(records, case, n):
+    for r, rec in enumerate(records):
+        if hits := used(rec, *COLLECTIVES):
+            return f"stage {r} called dist.{hits[0]}."
+    return None
+
+
+def messages(records, case, n):
+    numel = math.prod(case.shape())
+    for r, rec in enumerate(records):
+        for s, step in enumerate(steps_of(rec)):
+            sends = [c for c in step["calls"] if c["op"] in ("send", "isend")]
+            for c in sends:
+                if c["numel"] != numel:
+                    what = " (the loss?)" if c["numel"] == 1 else ""
+                    return (f"stage {r} sent {c['numel']} elements{what} to stage {c['peer']}; every "
+                            f"message is one activation or gradient of shape {case.shape()} "
+                            f"({numel} elements), and the loss stays on the last stage.")
+                neighbours = [q for q in (r - 1, r + 1) if 0 <= q < n]
+                if c["peer"] not in neighbours:
+                    return (f"stage {r} sent a message to stage {c['peer']}; a stage talks only to "
+                            f"its neighbour{'s' if len(neighbours) > 1 else ''} "
+                            f"{' and '.join(map(str, neighbours))}.")
+            ahead = sum(c["peer"] == r + 1 for c in sends)
+            back = sum(c["peer"] == r - 1 for c in sends)
+            want_ahead = 0 if r == n - 1 else case.m
+            want_back = 0 if r == 0 else case.m
+            if ahead != want_ahead:
+                return (f"in step {s + 1}, stage {r} sent {ahead} messages to stage {r + 1}, expected "
+                        f"{want_ahead} (one activation per micro-batch"
+                        + (", and the last stage sends nothing forward)." if r == n - 1 else ")."))
+            if back != want_back:
+                return (f"in step {s + 1}, stage {r} sent {back} messages back to stage {r - 1}, expected "
+                        f"{want_back} (one input gradient per micro-batch"
+                        + (", and stage 0 has no stage before it)." if r == 0 else ")."))
+    return None
+
+
+def _order(records, case, n, warmup, what: str):
+    for r, rec in enumerate(records):
+        w = warmup(n, r, case.m)
+        want = [max(0, k - w) for k in range(case.m)]
+        for s, step in enumerate(steps_of(rec)):
+            got = step["forwards"]
+            if len(got) != case.m:
+                return f"in step {s + 1}, stage {r} ran its forward {len(got)} times for {case.m} micro-batches."
+            if step["backwards"] != case.m:
+                return (f"in step {s + 1}, stage {r} ran {step['backwards']} backward passes for "
+                        f"{case.m} micro-batches: call backward once per micro-batch.")
+            if got != want:
+                before = sum(1 for b in got if b == 0)
+                expected = min(case.m, w + 1)
+                if before != expected:
+                    return (f"stage {r} ran {before} forwards before its first backward; {what} on "
+                            f"{n} stages with m = {case.m}, stage {r} runs {expected}"
+                            + (f" (p − r − 1 = {n - r - 1} warm-up forwards, then the first forward "
+                               "of the steady phase)." if warmup is one_f_one_b_warmup else ".")
+                            + f" Its forwards came after {got} backwards.")
+                k = next(k for k in range(case.m) if got[k] != want[k])
+                return (f"after the warm-up, stage {r} must alternate one forward and one backward: its "
+                        f"forward of micro-batch {k} came after {got[k]} backwards, expected {want[k]}.")
+    return None
+
+
+def gpipe_warmup(p: int, r: int, m: int) -> int:
+    return m
+
+
+def one_f_one_b_warmup(p: int, r: int, m: int) -> int:
+    return min(p - r - 1, m)
+
+
+def gpipe_order(records, case, n):
+    return _order(records, case, n, gpipe_warmup, "in GPipe")
+
+
+def one_f_one_b_order(records, case, n):
+    return _order(records, case, n, one_f_one_b_warmup, "in 1F1B")
+
+
+def memory_bound(records, case, n):
+    for r, rec in enumerate(records):
+        allowed = min(n - r, case.m)
+        for s, step in enumerate(steps_of(rec)):
+            held = step["held"]
+            if not held or not held["per_mb"]:
+                continue
+            if held["peak"] > allowed * held["per_mb"]:
+                return (f"in step {s + 1}, stage {r} held {held['peak']} bytes of activations at once, "
+                        f"{held['peak'] / held['per_mb']:.2f} micro-batches' worth ({held['per_mb']} bytes "
+                        f"each); 1F1B holds at most min(p − r, m) = {allowed}. Free each micro-batch's "
+                        "graph with its backward (no retain_graph=True).")
+    return None
