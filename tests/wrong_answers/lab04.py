@@ -31,20 +31,25 @@ def _forward(stage, x, shape, *, grad=True):
     return inp, stage(inp)
 
 
+def _forward_mb(stage, x, y, shape, m, losses, send, divide=True):
+    """One micro-batch's forward: the last stage turns its output into loss / m (keeping the loss),
+    the others send their output on with ``send``; returns (input, output)."""
+    inp, out = _forward(stage, x, shape)
+    if stage.is_last:
+        loss = stage.loss(out, y)
+        losses.append(loss.detach())
+        return inp, (loss / m if divide else loss)
+    send(out.detach(), dist.get_rank() + 1)
+    return inp, out
+
+
 def _gpipe(stage, micro_batches, shape, *, divide=True, zero_between=False, loss_to_first=False,
            one_backward=False, backward_order=None):
     """GPipe with blocking send/recv, with switches for the mistakes below."""
     rank, m = dist.get_rank(), len(micro_batches)
     kept, losses = [], []
     for x, y in micro_batches:
-        inp, out = _forward(stage, x, shape)
-        if stage.is_last:
-            loss = stage.loss(out, y)
-            losses.append(loss.detach())
-            out = loss / m if divide else loss
-        else:
-            dist.send(out.detach(), rank + 1)
-        kept.append((inp, out))
+        kept.append(_forward_mb(stage, x, y, shape, m, losses, dist.send, divide))
     if stage.is_last and one_backward:
         sum(out for _, out in kept).backward()
     for i in backward_order or range(m):
@@ -81,14 +86,7 @@ def _one_f_one_b(stage, micro_batches, shape, *, warmup=None, blocking=False, di
 
     def forward(i):
         x, y = micro_batches[i]
-        inp, out = _forward(stage, x, shape)
-        if stage.is_last:
-            loss = stage.loss(out, y)
-            losses.append(loss.detach())
-            out = loss / m if divide else loss
-        else:
-            send(out.detach(), rank + 1)
-        held[i] = (inp, out)
+        held[i] = _forward_mb(stage, x, y, shape, m, losses, send, divide)
 
     def backward(i):
         inp, out = held[i] if retain else held.pop(i)
