@@ -460,19 +460,6 @@ def test_calling_init_process_group_again_gets_a_hint():
     assert "remove init_process_group" in str(info.value)
 
 
-def test_doctor_exits_nonzero_with_the_reason(monkeypatch, capsys):
-    from parlab import doctor
-
-    def broken_launch(*args, **kwargs):
-        raise parlab.LaunchError("ranks could not connect")
-
-    monkeypatch.setattr(parlab, "launch", broken_launch)
-    assert doctor.main() == 1
-    captured = capsys.readouterr()
-    assert "BAD" in captured.out and "ranks could not connect" in captured.out
-    assert "1 problem(s)" in captured.err
-
-
 # ----------------------------------------------------------------- review findings
 
 

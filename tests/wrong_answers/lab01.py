@@ -104,10 +104,10 @@ def _exchange(send, recv, rank, n):
         r.wait()
 
 
-def _ring(x, rs_steps, ag_steps, ag_offset=1, chunks_of=None):
+def _ring(x, rs_steps, ag_steps, ag_offset=1, chunks_of=None, in_place=False):
     """A ring all-reduce with knobs to get it wrong."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    out = x.reshape(-1).clone()
+    out = x.view(-1) if in_place else x.reshape(-1).clone()
     chunks = chunks_of(out, n) if chunks_of else list(out.tensor_split(n))
     for s in range(rs_steps(n)):
         i = (rank - s - 1) % n
@@ -216,19 +216,7 @@ def ring_everyone_to_everyone(x):
 
 def ring_in_place(x):
     """A correct ring, but on a view of x: the input is overwritten with the sum."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    out = x.view(-1)
-    chunks = list(out.tensor_split(n))
-    for s in range(n - 1):
-        i = (rank - s - 1) % n
-        buf = torch.empty_like(chunks[i])
-        _exchange(chunks[(rank - s) % n], buf, rank, n)
-        chunks[i] += buf
-    for s in range(n - 1):
-        buf = torch.empty_like(chunks[(rank - s) % n])
-        _exchange(chunks[(rank + 1 - s) % n], buf, rank, n)
-        chunks[(rank - s) % n].copy_(buf)
-    return x
+    return _ring(x, lambda n: n - 1, lambda n: n - 1, in_place=True)
 
 
 # ------------------------------------------------ 3. tree broadcast from send/recv
