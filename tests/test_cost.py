@@ -1,4 +1,4 @@
-"""parlab.cost: each formula against the published figures in FACTS.md."""
+"""parlab.cost: each formula against the figures published in the papers its docstring cites."""
 import pytest
 import torch
 from torch import nn

@@ -59,7 +59,7 @@ __all__ = [
 # order than the single-process reference (each rank sums its own micro-batch,
 # then the all-reduce adds the partial sums), and float addition is not
 # associative.  Measured on gloo/CPU: multi-rank float32 gradients agree with
-# the reference to about 1e-8, not bit for bit (shared/FACTS.md, "Accuracy").
+# the reference to about 1e-8, not bit for bit (docs/accuracy.md).
 # So float32 gets rtol 1e-5 / atol 1e-6: 100x above that noise, far below the
 # size of a real bug (a factor of N, a missing shard, an un-broadcast init).
 # Half precisions get about two units in the last place (fp16 eps ~ 1e-3,

@@ -1,7 +1,7 @@
 """Back-of-the-envelope cost models: memory, communication, bubbles, time.
 
 Every function is one formula from the literature; the docstring names the
-source (see also /work/shared/FACTS.md).  Units are plain numbers: parameters
+source.  Units are plain numbers: parameters
 and elements are counts, memory is bytes (decimal: 1 GB = 1e9 B), time is
 seconds, compute is FLOPs.  Divide by 1e9 yourself when you want GB.
 
@@ -101,7 +101,7 @@ class TrainingBytes:
 def weights_bytes(n_params: float, bytes_per_param: float = 2) -> float:
     """Memory of the weights alone: Ψ × bytes per parameter (2 for fp16/bf16).
 
-    Example from FACTS.md: 70e9 parameters in bf16 need 140 GB.
+    Example: 70e9 parameters in bf16 need 140 GB.
     """
     _nonneg("n_params", n_params)
     _nonneg("bytes_per_param", bytes_per_param)

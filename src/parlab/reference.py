@@ -5,13 +5,13 @@ process, in float32, and records after every step the loss, every gradient and
 every parameter.  A lab then runs the same steps on several ranks (each on its
 shard of the same batches, see ``parlab.data.shard_batch``) and compares.
 
-What to expect when comparing (measured, shared FACTS.md):
+What to expect when comparing (measured: docs/accuracy.md, benchmarks/accuracy.py):
 
 - gradients and SGD parameters agree to about 1e-8, not bit for bit, because a
   sum split over ranks is added in a different order.  Compare with
   tolerances near 1e-6.
 - AdamW divides by the square root of a tiny second moment and magnifies that
-  noise to about 3e-4 in the parameters after 3 steps.  So the default
+  noise in the parameters (about 50x in 3 steps on the tiny GPT).  So the default
   optimizer is SGD; with AdamW compare losses and gradients, not parameters.
 
 Conventions of the recorded dicts (names as ``model.named_parameters()``):

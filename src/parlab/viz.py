@@ -372,7 +372,7 @@ _MEM_COLORS = {"params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#59a14f",
 
 
 def _byte_unit(x: float) -> tuple[float, str]:
-    """Decimal units, as in shared/FACTS.md (140 GB = 140e9 bytes)."""
+    """Decimal units, as GPU datasheets and the ZeRO paper count (140 GB = 140e9 bytes)."""
     for name, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if x >= size:
             return size, name

@@ -17,7 +17,8 @@ With ``tie_weights=True`` the output projection reuses the token embedding
 matrix, so ``named_parameters()`` lists it once, as ``tok_emb.weight``.
 
 Parameter count (embeddings tied, biases on): h·V + L(12h² + 13h) + 2h, the
-Ultra-Scale Playbook's formula (see shared FACTS.md), plus s·h for the learned
+formula of Hugging Face's "The Ultra-Scale Playbook: Training LLMs on GPU
+Clusters" (2025), plus s·h for the learned
 positions.  ``num_params`` returns the actual count.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tiny Hugging Face models built from a config: nothing is downloaded.
 
 Both models use parlab's byte vocabulary (256 ids), hidden size 64, 2 layers
-and 4 heads, so they train on a CPU in milliseconds per step (shared FACTS.md:
+and 4 heads, so they train on a CPU in milliseconds per step (measured:
 a Llama of this size does forward and backward in about 15 ms).  Attention is
 the plain "eager" implementation and every dropout is 0, so runs repeat
 exactly.  Weights come from ``seed`` without disturbing the global RNG.
