@@ -1,0 +1,262 @@
+"""Typical wrong answers to Lab 05's exercises (ZeRO-1/2/3 by hand, memory and bytes).
+
+``WRONG`` maps each exercise to a list of (fixture, words the check's message
+must contain).  The ZeRO fixtures are small variations of one flat-shard
+design (``_Flat``), each with the one mistake its name says.
+tests/test_lab05.py runs every fixture, batched into one launch per world size.
+"""
+import torch
+import torch.distributed as dist
+
+
+# ------------------------------------------------------------ shared pieces of the fixtures
+class _Flat:
+    """A flat fp32 shard of the parameters per rank: padded to ceil(numel / n) elements."""
+
+    divide = True
+
+    def __init__(self, params, make_optimizer):
+        self.params = list(params)
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.numel = sum(p.numel() for p in self.params)
+        self.chunk = self.chunk_size()
+        flat = self.padded([p.detach() for p in self.params])
+        self.shard = flat[self.rank * self.chunk:(self.rank + 1) * self.chunk].clone().requires_grad_()
+        self.opt = make_optimizer(self.optimized())
+
+    def chunk_size(self):
+        return -(-self.numel // self.n)
+
+    def optimized(self):
+        return [self.shard]
+
+    def padded(self, tensors):
+        out = torch.zeros(self.chunk * self.n, dtype=tensors[0].dtype)
+        flat = torch.cat([t.reshape(-1) for t in tensors])[: self.chunk * self.n]
+        out[: flat.numel()] = flat
+        return out
+
+    def grads(self):
+        return self.padded([p.grad for p in self.params])
+
+    def scatter_grads(self):
+        g = self.grads()
+        mine = torch.empty(self.chunk)
+        dist.reduce_scatter_tensor(mine, g)
+        return mine / self.n if self.divide else mine
+
+    def gather(self):
+        full = torch.empty(self.chunk * self.n)
+        dist.all_gather_into_tensor(full, self.shard.detach())
+        self.write(full)
+
+    def write(self, flat):
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                if off + p.numel() <= flat.numel():
+                    p.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+
+    def step(self):
+        self.shard.grad = self.scatter_grads()
+        self.opt.step()
+        self.gather()
+
+
+# ------------------------------------------------------------ exercise 3: ZeRO-1
+class zero1_full_model(_Flat):
+    """Averages the gradients, then every rank steps every parameter."""
+
+    def optimized(self):
+        return self.params
+
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= self.n
+        self.opt.step()
+
+
+class zero1_shards_off_by_one(_Flat):
+    """Shards of numel // n elements: the remainder at the end is never stepped."""
+
+    def chunk_size(self):
+        return self.numel // self.n
+
+
+class zero1_no_all_gather(_Flat):
+    """Steps its own shard and writes it back, but never gathers the other ranks' shards."""
+
+    def gather(self):
+        flat = self.padded([p.detach() for p in self.params])
+        flat[self.rank * self.chunk:(self.rank + 1) * self.chunk] = self.shard.detach()
+        self.write(flat)
+
+
+class zero1_summed(_Flat):
+    """Reduce-scatters the gradients but never divides by world_size."""
+
+    divide = False
+
+
+# ------------------------------------------------------------ exercise 4: ZeRO-2
+class _Freeing(_Flat):
+    def step(self):
+        super().step()
+        for p in self.params:
+            p.grad = None
+
+
+class zero2_all_reduce(_Freeing):
+    """All-reduces the whole gradient, then keeps its shard: right numbers, no saving."""
+
+    def scatter_grads(self):
+        g = self.grads()
+        dist.all_reduce(g)
+        return g[self.rank * self.chunk:(self.rank + 1) * self.chunk] / self.n
+
+
+class zero2_keeps_grads(_Flat):
+    """Reduce-scatters, but the model keeps its full gradients after the step."""
+
+
+class zero2_summed(_Freeing):
+    divide = False
+
+
+# ------------------------------------------------------------ exercise 5: ZeRO-3
+class _Layers:
+    """One padded flat buffer per layer; params are views of it; storage resized to 0 when freed."""
+
+    regather = True
+    free_after_forward = True
+    divide = True
+
+    def __init__(self, layers, make_optimizer):
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.units = []
+        for layer in layers:
+            params = list(layer.parameters())
+            numel = sum(p.numel() for p in params)
+            chunk = -(-numel // self.n)
+            full = torch.zeros(chunk * self.n)
+            full[:numel] = torch.cat([p.detach().reshape(-1) for p in params])
+            u = {"params": params, "full": full, "chunk": chunk, "numel": numel, "ready": 0,
+                 "shard": full[self.rank * chunk:(self.rank + 1) * chunk].clone().requires_grad_()}
+            off = 0
+            for p in params:
+                p.data = full[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            self.free(u)
+            self.units.append(u)
+            layer.register_forward_pre_hook(lambda m, a, u=u: self.gather(u))
+            layer.register_forward_hook(lambda m, a, out, u=u: self.after_forward(u, out))
+            for p in params:
+                p.register_post_accumulate_grad_hook(lambda p, u=u: self.grad_ready(u))
+        self.opt = make_optimizer([u["shard"] for u in self.units])
+
+    def free(self, u):
+        u["full"].untyped_storage().resize_(0)
+
+    def gather(self, u):
+        full = u["full"]
+        full.untyped_storage().resize_(full.numel() * 4)
+        dist.all_gather_into_tensor(full, u["shard"].detach())
+
+    def after_forward(self, u, out):
+        if self.free_after_forward:
+            self.free(u)
+        if self.regather and out.requires_grad:
+            out.register_hook(lambda g, u=u: self.gather(u))
+
+    def reduce(self, u, g):
+        mine = torch.empty(u["chunk"])
+        dist.reduce_scatter_tensor(mine, g)
+        return mine
+
+    def grad_ready(self, u):
+        u["ready"] += 1
+        if u["ready"] < len(u["params"]):
+            return
+        u["ready"] = 0
+        g = torch.zeros(u["chunk"] * self.n)
+        g[: u["numel"]] = torch.cat([p.grad.reshape(-1) for p in u["params"]])
+        for p in u["params"]:
+            p.grad = None
+        mine = self.reduce(u, g)
+        u["shard"].grad = mine / self.n if self.divide else mine
+        if self.free_after_forward:
+            self.free(u)
+
+    def step(self):
+        self.opt.step()
+
+
+class zero3_freed_before_backward(_Layers):
+    """Frees each layer after its forward and never gathers it again for backward."""
+
+    regather = False
+
+
+class zero3_gather_never_freed(_Layers):
+    """Gathers each layer before its forward and backward, but never frees the gathered copy."""
+
+    free_after_forward = False
+
+
+class zero3_is_zero1_with_copies(_Flat):
+    """ZeRO-1 plus an extra gather per layer: the full parameters never leave memory."""
+
+    def __init__(self, layers, make_optimizer):
+        super().__init__([p for layer in layers for p in layer.parameters()], make_optimizer)
+        layers[0].register_forward_pre_hook(lambda m, a: self.gather())
+
+
+class zero3_all_reduce(_Layers):
+    """Gathers and frees correctly, but all-reduces each layer's gradient and slices its shard."""
+
+    def reduce(self, u, g):
+        dist.all_reduce(g)
+        return g[self.rank * u["chunk"]:(self.rank + 1) * u["chunk"]].clone()
+
+
+class zero3_summed(_Layers):
+    divide = False
+
+
+# ------------------------------------------------------------ exercises 1 and 2: predictions
+def memory_no_master(n_params, n, stage):
+    """Counts Adam as 8 bytes (momentum + variance) and forgets the fp32 master weights."""
+    w, g, o = 2 * n_params, 2 * n_params, 8 * n_params
+    return [w + g + o, w + g + o / n, w + (g + o) / n, (w + g + o) / n][stage]
+
+
+def memory_stage1_shards_grads(n_params, n, stage):
+    """Stage 1 shards the gradients as well (that is stage 2)."""
+    w, g, o = 2 * n_params, 2 * n_params, 12 * n_params
+    return [w + g + o, w + (g + o) / n, w + (g + o) / n, (w + g + o) / n][stage]
+
+
+def comm_asymptote(n_params, n, stage, bytes_per_elem):
+    """The large-N limits 2Ψ and 3Ψ, without the (N - 1)/N."""
+    return (3 if stage == 3 else 2) * n_params * bytes_per_elem
+
+
+def comm_stage3_like_dp(n_params, n, stage, bytes_per_elem):
+    """Forgets the second all-gather (in backward) under stage 3."""
+    return 2 * (n - 1) / n * n_params * bytes_per_elem
+
+
+WRONG = {
+    "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's")],
+    "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice")],
+    "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
+              (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged")],
+    "zero2": [(zero2_all_reduce, "no `dist.all_reduce`"), (zero2_keeps_grads, "still hold gradients"),
+              (zero2_summed, "not averaged")],
+    "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
+              (zero3_gather_never_freed, "was not freed"),
+              (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
+              (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged")],
+}
