@@ -59,8 +59,6 @@ def test_error_on_one_rank_names_the_rank_and_shows_the_cell_line(open_notebook)
     assert re.search(r"Cell In\[\d+\], line 7", text), f"no 'Cell In[n], line 7' in:\n{text}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15 §2: launcher frames (_Job._fail, _Job._wait) "
-                                       "still show in WorkerError and interrupt tracebacks")
 def test_tracebacks_show_the_cell_and_the_rank_but_no_launcher_frames(open_notebook):
     nb = open_notebook("00-setup/00-setup.ipynb")
     failing = nb.add_cell(RAISES_ON_ONE_RANK)

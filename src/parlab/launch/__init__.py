@@ -23,6 +23,7 @@ import os
 import sys
 import types
 
+from . import tracebacks
 from .errors import LaunchError, LaunchTimeout, WorkerError
 from .options import DEFAULT_TIMEOUT, choose_backend
 from .runtime import device
@@ -120,6 +121,7 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+tracebacks.install()
 __wrapped__ = launch  # inspect.signature(parlab.launch) shows launch's signature
 
 __all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WorkerError", "choose_backend",

@@ -66,7 +66,7 @@ class Job:
                 self.sink.notice(f"parlab: the ranks could not connect to each other ({failure.reason}); "
                                  "starting them once more")
             except KeyboardInterrupt:
-                where = self._facts(stop_ranks=True, settle=0.0, stack_wait=1.0)
+                where = self._facts(stop_ranks=True, settle=0.0, stack_wait=0.5)  # the stop button answers fast
                 if where.stacks:
                     from .report import status
 
