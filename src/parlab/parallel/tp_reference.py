@@ -1,8 +1,8 @@
 """Single-process pieces that Lab 03 (tensor parallelism) and its checks share.
 
 Nothing here is parallel: these are the full layers that a tensor-parallel
-layer must reproduce, and tools to measure what one holds.  The students'
-f/g functions, parallel layers and blocks live in their notebook.
+layer must reproduce.  The students' f/g functions, parallel layers and
+blocks live in their notebook.
 
 - ``reference_linear(in, out, bias, seed)``: the full ``nn.Linear`` every rank
   builds from the same seed before keeping its shard (Megatron-LM's CPU
@@ -10,18 +10,16 @@ f/g functions, parallel layers and blocks live in their notebook.
   bias is random, not zero, so a bias added on every rank shows.
 - ``randomize_(module, seed)``: every parameter drawn afresh (biases and
   LayerNorm weights included), for the same reason.
-- ``saved_activation_bytes()``: bytes that autograd keeps for backward inside
-  a block of code, the quantity Korthikanti et al. 2022 (arXiv 2205.05198)
-  count as activation memory.
+
+Activation memory (what Korthikanti et al. 2022, arXiv 2205.05198, count) is
+measured with ``parlab.parallel.pp_stages.held_activations``.
 """
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torch.nn as nn
 
-__all__ = ["reference_linear", "randomize_", "saved_activation_bytes", "SavedBytes"]
+__all__ = ["reference_linear", "randomize_"]
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -66,53 +64,3 @@ def randomize_(module: nn.Module, seed: int = 0, std: float = 0.1) -> nn.Module:
             else:
                 p.copy_(std * noise)
     return module
-
-
-class SavedBytes:
-    """What ``saved_activation_bytes`` counted: ``bytes`` and ``tensors`` (distinct storages)."""
-
-    def __init__(self):
-        self._seen: dict[tuple, int] = {}
-        self.exclude: set[tuple] = set()
-
-    def _key(self, t: torch.Tensor) -> tuple:
-        st = t.untyped_storage()
-        return (str(t.device), st.data_ptr()) if st.data_ptr() else ("id", id(t))
-
-    def _add(self, t: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor) or t.is_meta:
-            return
-        key = self._key(t)
-        if key not in self.exclude:
-            self._seen[key] = max(self._seen.get(key, 0), t.untyped_storage().nbytes())
-
-    @property
-    def bytes(self) -> int:
-        return sum(self._seen.values())
-
-    @property
-    def tensors(self) -> int:
-        return len(self._seen)
-
-
-@contextlib.contextmanager
-def saved_activation_bytes(*not_counted: torch.Tensor):
-    """Count the bytes autograd saves for backward inside the block.
-
-    Each distinct storage counts once (q, k and v saving the same input count
-    it once).  Tensors in ``not_counted`` (the parameters, usually) are left
-    out, so what remains is activation memory::
-
-        with saved_activation_bytes(*model.parameters()) as saved:
-            loss = model(x).sum()
-        saved.bytes
-    """
-    counter = SavedBytes()
-    counter.exclude = {counter._key(t) for t in not_counted if isinstance(t, torch.Tensor)}
-
-    def pack(t):
-        counter._add(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield counter
