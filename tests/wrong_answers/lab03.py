@@ -33,6 +33,7 @@ class _F(torch.autograd.Function):
 class _G(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group=None):
+        ctx.group = group
         x = x.clone()
         dist.all_reduce(x, group=group)
         return x
@@ -58,13 +59,23 @@ def _column_params(module, linear, dim=0):
                                    if dim == 0 else linear.bias.detach().clone())
 
 
+def _gather_last(y):
+    """All-gather along the last dim; the gradient flows back through this rank's own part."""
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, y.contiguous())
+    parts[dist.get_rank()] = y
+    return torch.cat(parts, -1)
+
+
 class _Col(nn.Module):
     def __init__(self, linear, *, gather_output=False, group=None):
         super().__init__()
         _column_params(self, linear)
+        self.gather_output = gather_output
 
     def forward(self, x):
-        return F.linear(_F.apply(x), self.weight, self.bias)
+        y = F.linear(_F.apply(x), self.weight, self.bias)
+        return _gather_last(y) if self.gather_output else y
 
 
 class _Row(nn.Module):
@@ -84,38 +95,20 @@ def _attention(q, k, v, head_dim):
 
 
 # ------------------------------------------------ 1. f and g
-class f_is_g(torch.autograd.Function):
+class f_is_g(_G):
     """f and g swapped: this 'f' all-reduces in forward and passes the gradient through."""
 
-    @staticmethod
-    def forward(ctx, x, group=None):
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
 
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-class f_no_backward_all_reduce(torch.autograd.Function):
+class f_no_backward_all_reduce(_F):
     """Identity both ways: the all-reduce in backward is missing."""
 
     @staticmethod
-    def forward(ctx, x, group=None):
-        return x.clone()
-
-    @staticmethod
     def backward(ctx, grad):
         return grad, None
 
 
-class f_ignores_group(torch.autograd.Function):
+class f_ignores_group(_F):
     """All-reduces over the whole world instead of the group it was given."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
@@ -124,13 +117,8 @@ class f_ignores_group(torch.autograd.Function):
         return grad, None
 
 
-class f_sums_all_gather(torch.autograd.Function):
+class f_sums_all_gather(_F):
     """Right numbers, but the sum is an all-gather followed by a local sum."""
-
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
@@ -139,39 +127,17 @@ class f_sums_all_gather(torch.autograd.Function):
         return torch.stack(parts).sum(0), None
 
 
-class g_is_f(torch.autograd.Function):
+class g_is_f(_F):
     """f and g swapped: this 'g' is the identity in forward and all-reduces in backward."""
 
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        return x.clone()
 
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class g_all_reduces_backward_too(torch.autograd.Function):
+class g_all_reduces_backward_too(_G):
     """All-reduce in forward, and again in backward (the gradient is summed t times)."""
 
-    @staticmethod
-    def forward(ctx, x, group=None):
-        ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+    backward = _F.backward
 
 
-class g_sums_all_gather(torch.autograd.Function):
+class g_sums_all_gather(_G):
     """Right numbers, but g's sum is an all-gather followed by a local sum."""
 
     @staticmethod
@@ -179,10 +145,6 @@ class g_sums_all_gather(torch.autograd.Function):
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x.contiguous(), group=group)
         return torch.stack(parts).sum(0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
 
 
 # ------------------------------------------------ 2. column- and row-parallel linear
@@ -205,33 +167,20 @@ class column_splits_in_features(nn.Module):
         return F.linear(_F.apply(x).chunk(n, -1)[r], self.weight, self.bias)
 
 
-class column_unequal_shards(nn.Module):
+class column_unequal_shards(_Col):
     """tensor_split: silently makes unequal shards when out_features % t != 0."""
 
     def __init__(self, linear, *, gather_output=False, group=None):
-        super().__init__()
+        nn.Module.__init__(self)
         n, r = dist.get_world_size(), dist.get_rank()
         self.weight = nn.Parameter(linear.weight.detach().tensor_split(n)[r].clone())
         self.bias = (nn.Parameter(linear.bias.detach().tensor_split(n)[r].clone())
                      if linear.bias is not None else None)
         self.gather_output = gather_output
 
-    def forward(self, x):
-        y = F.linear(_F.apply(x), self.weight, self.bias)
-        if self.gather_output:
-            parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, y.contiguous())
-            parts[dist.get_rank()] = y
-            y = torch.cat(parts, -1)
-        return y
-
 
 class column_gathers_weight(_Col):
     """All-gathers the full weight in forward and slices the output: right numbers, full weight."""
-
-    def __init__(self, linear, *, gather_output=False, group=None):
-        super().__init__(linear)
-        self.gather_output = gather_output
 
     def forward(self, x):
         n, r = dist.get_world_size(), dist.get_rank()
@@ -249,27 +198,12 @@ class column_gathers_weight(_Col):
         return F.linear(_F.apply(x), torch.cat(parts), bias).chunk(n, -1)[r]
 
 
-class column_keeps_full_weight(nn.Module):
-    """Keeps the full layer as a submodule and slices its weight in every forward."""
+class column_keeps_full_weight(_Col):
+    """Keeps the full layer as a submodule next to its shard."""
 
     def __init__(self, linear, *, gather_output=False, group=None):
-        super().__init__()
-        _shard(linear.out_features, "out_features")
+        super().__init__(linear, gather_output=gather_output)
         self.full = linear
-        self.gather_output = gather_output
-        size, r = linear.out_features // dist.get_world_size(), dist.get_rank()
-        self.weight = nn.Parameter(linear.weight.detach()[r * size:(r + 1) * size].clone())
-        self.bias = (nn.Parameter(linear.bias.detach()[r * size:(r + 1) * size].clone())
-                     if linear.bias is not None else None)
-
-    def forward(self, x):
-        y = F.linear(_F.apply(x), self.weight, self.bias)
-        if self.gather_output:
-            parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, y.contiguous())
-            parts[dist.get_rank()] = y
-            y = torch.cat(parts, -1)
-        return y
 
 
 class row_bias_on_every_rank(_Row):
@@ -343,12 +277,24 @@ class row_sums_all_gather(_Row):
 
 
 # ------------------------------------------------ 3. the MLP
-class mlp_gathers_between(nn.Module):
-    """Gathers the hidden activation after `up` and slices it again: an extra all-gather."""
+class _Mlp(nn.Module):
+    """A correct parallel MLP; the fixtures below swap one of its parts."""
+
+    up_cls, down_cls = _Col, _Row
 
     def __init__(self, mlp, group=None):
         super().__init__()
-        self.up, self.down = _Col(mlp.up), _Row(mlp.down)
+        self.up, self.down = self.up_cls(mlp.up), self.down_cls(mlp.down)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+    def local(self, x):
+        return F.linear(F.gelu(F.linear(x, self.up.weight, self.up.bias)), self.down.weight)
+
+
+class mlp_gathers_between(_Mlp):
+    """Gathers the hidden activation after `up` and slices it again: an extra all-gather."""
 
     def forward(self, x):
         n, r = dist.get_world_size(), dist.get_rank()
@@ -359,37 +305,24 @@ class mlp_gathers_between(nn.Module):
         return self.down(torch.cat(parts, -1).chunk(n, -1)[r])
 
 
-class mlp_without_f(nn.Module):
+class mlp_without_f(_Mlp):
     """Column layer without f: the input's gradient is only this rank's part."""
 
-    def __init__(self, mlp, group=None):
-        super().__init__()
-        self.up, self.down = column_without_f(mlp.up), _Row(mlp.down)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
+    up_cls = column_without_f
 
 
-class mlp_bias_on_every_rank(nn.Module):
+class mlp_bias_on_every_rank(_Mlp):
     """The row layer adds its bias on every rank."""
 
-    def __init__(self, mlp, group=None):
-        super().__init__()
-        self.up, self.down = _Col(mlp.up), row_bias_on_every_rank(mlp.down)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
+    down_cls = row_bias_on_every_rank
 
 
-class mlp_keeps_full(nn.Module):
+class mlp_keeps_full(_Mlp):
     """Keeps the full MLP as a submodule next to the shards."""
 
     def __init__(self, mlp, group=None):
-        super().__init__()
-        self.up, self.down, self.full = _Col(mlp.up), _Row(mlp.down), mlp
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
+        super().__init__(mlp)
+        self.full = mlp
 
 
 # ------------------------------------------------ 4. attention by heads
@@ -432,57 +365,50 @@ class attn_heads_not_reshaped(_Attn):
         return self.o(y)
 
 
-class attn_slices_every_head(nn.Module):
+class _HeadRows(nn.Module):
+    """q, k, v keep the given rows of the full weights, o the same columns."""
+
+    def __init__(self, attn, rows, head_dim):
+        super().__init__()
+        self.head_dim = head_dim
+        for name in "qkv":
+            lin, m = getattr(attn, name), nn.Module()
+            m.weight = nn.Parameter(lin.weight.detach()[rows].clone())
+            m.bias = nn.Parameter(lin.bias.detach()[rows].clone()) if lin.bias is not None else None
+            setattr(self, name, m)
+        self.o = nn.Module()
+        self.o.weight = nn.Parameter(attn.o.weight.detach()[:, rows].clone())
+        self.o.bias = nn.Parameter(attn.o.bias.detach().clone()) if attn.o.bias is not None else None
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, getattr(self, m).weight, getattr(self, m).bias) for m in "qkv"]
+        y = _G.apply(F.linear(_attention(*qkv, self.head_dim), self.o.weight))
+        return y if self.o.bias is None else y + self.o.bias
+
+
+class attn_slices_every_head(_HeadRows):
     """Gives each rank a slice of every head (head_dim/t columns each), not whole heads."""
 
     def __init__(self, attn, group=None):
-        super().__init__()
         n, r = dist.get_world_size(), dist.get_rank()
         hd = attn.head_dim
         heads = attn.q.out_features // hd
         _shard(heads, "n_head")
         rows = torch.cat([torch.arange(h * hd, (h + 1) * hd).chunk(n)[r] for h in range(heads)])
-        self.head_dim = hd // n if hd % n == 0 else hd
-        for name in "qkv":
-            lin, m = getattr(attn, name), nn.Module()
-            m.weight = nn.Parameter(lin.weight.detach()[rows].clone())
-            m.bias = nn.Parameter(lin.bias.detach()[rows].clone()) if lin.bias is not None else None
-            setattr(self, name, m)
-        self.o = nn.Module()
-        self.o.weight = nn.Parameter(attn.o.weight.detach()[:, rows].clone())
-        self.o.bias = nn.Parameter(attn.o.bias.detach().clone()) if attn.o.bias is not None else None
-
-    def forward(self, x):
-        x = _F.apply(x)
-        qkv = [F.linear(x, getattr(self, m).weight, getattr(self, m).bias) for m in "qkv"]
-        y = _G.apply(F.linear(_attention(*qkv, self.head_dim), self.o.weight))
-        return y if self.o.bias is None else y + self.o.bias
+        super().__init__(attn, rows, hd // n if hd % n == 0 else hd)
 
 
-class attn_unequal_heads(_Attn):
-    """Splits q, k, v with tensor_split when n_head % t != 0: unequal shards, no error."""
+class attn_unequal_heads(_HeadRows):
+    """Splits the heads unevenly when n_head % t != 0 instead of refusing."""
 
     def __init__(self, attn, group=None):
-        nn.Module.__init__(self)
         n, r = dist.get_world_size(), dist.get_rank()
-        self.head_dim = hd = attn.head_dim
+        hd = attn.head_dim
         heads = attn.q.out_features // hd
-        mine = list(range(heads))[r * heads // n:(r + 1) * heads // n]
+        mine = range(r * heads // n, (r + 1) * heads // n)
         rows = torch.cat([torch.arange(h * hd, (h + 1) * hd) for h in mine]) if mine else torch.arange(0)
-        for name in "qkv":
-            lin, m = getattr(attn, name), nn.Module()
-            m.weight = nn.Parameter(lin.weight.detach()[rows].clone())
-            m.bias = nn.Parameter(lin.bias.detach()[rows].clone()) if lin.bias is not None else None
-            setattr(self, name, m)
-        self.o = nn.Module()
-        self.o.weight = nn.Parameter(attn.o.weight.detach()[:, rows].clone())
-        self.o.bias = nn.Parameter(attn.o.bias.detach().clone()) if attn.o.bias is not None else None
-
-    def forward(self, x):
-        x = _F.apply(x)
-        qkv = [F.linear(x, getattr(self, m).weight, getattr(self, m).bias) for m in "qkv"]
-        y = _G.apply(F.linear(_attention(*qkv, self.head_dim), self.o.weight))
-        return y if self.o.bias is None else y + self.o.bias
+        super().__init__(attn, rows, hd)
 
 
 # ------------------------------------------------ 5. sequence parallelism
@@ -514,18 +440,6 @@ class _Scatter(torch.autograd.Function):
         parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, grad.contiguous())
         return torch.cat(parts, 1)
-
-
-class _Mlp(nn.Module):
-    def __init__(self, mlp, group=None):
-        super().__init__()
-        self.up, self.down = _Col(mlp.up), _Row(mlp.down)
-
-    def forward(self, x):
-        return self.down(F.gelu(self.up(x)))
-
-    def local(self, x):
-        return F.linear(F.gelu(F.linear(x, self.up.weight, self.up.bias)), self.down.weight)
 
 
 class _Sp(nn.Module):
