@@ -113,7 +113,7 @@ def _no_builtin(*banned: str):
 def _must_call(*needed: str):
     def broken(records, case, n):
         for r, rec in enumerate(records):
-            if missing := [op for op in needed if not used(rec, op, op + "_tensor",
+            if missing := [op for op in needed if not used(rec, op, op + "_tensor", op + "_single",
                                                             op + "_into_tensor")]:
                 return f"rank {r} never called dist.{missing[0]}."
         return None

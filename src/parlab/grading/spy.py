@@ -37,7 +37,7 @@ import torch.distributed as dist
 #: The torch.distributed functions the spy records, and how each names its peer.
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-               "gather", "scatter", "barrier")
+               "gather", "scatter", "barrier", "all_gather_single", "reduce_scatter_single")
 #: ``batch_isend_irecv`` is seen through the isend/irecv calls it makes.
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 _PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
