@@ -125,20 +125,19 @@ class GuardedExecute(Execute):
 
     # ------------------------------------------------------------ sandbox
     def _grade(self, calls: list[dict], index: int) -> list:
-        outputs, printed = [], []
+        """The test cell's new outputs: the sandbox's printout, and an error if an answer failed."""
         for k, call in enumerate(calls):
-            payload = os.path.join(self._workdir, f"cell{index}-{k}.pkl")
-            problem = self._dump(call["answer"], payload, index)
+            call["payload"] = os.path.join(self._workdir, f"cell{index}-{k}.pkl")
+            problem = self._dump(call["answer"], call["payload"], index)
             if problem:
-                outputs.append(_error("AssertionError", problem))
-                break
-            verdict, text = self._sandbox(call, payload)
-            printed.append(text)
-            if not verdict["passed"]:
-                outputs.append(_error("AssertionError", verdict["message"]))
-                break
-            printed.append(verdict["message"] + "\n")
-        return ([_stdout("".join(printed))] if "".join(printed) else []) + outputs
+                return [_error("AssertionError", problem)]
+        verdicts, printed = self._sandbox(calls, index)
+        outputs = [_stdout(printed)] if printed else []
+        failed = [v for v in verdicts if not v["passed"]]
+        if failed or len(verdicts) < len(calls):
+            message = failed[0]["message"] if failed else "the grader stopped before every check ran."
+            outputs.append(_error("AssertionError", message))
+        return outputs
 
     def _dump(self, answer: str, path: str, index: int) -> str | None:
         """Have the kernel pickle ``answer`` by value into ``path``; a message if it could not."""
@@ -159,12 +158,14 @@ class GuardedExecute(Execute):
         return (f"{answer} could not be handed in for grading{why}. Did the cell that defines it "
                 "run without an error?")
 
-    def _sandbox(self, call: dict, payload: str) -> tuple[dict, str]:
-        request = os.path.join(self._workdir, os.path.basename(payload) + ".json")
+    def _sandbox(self, calls: list[dict], index: int) -> tuple[list[dict], str]:
+        """Run one sandbox process over the cell's calls: (verdicts, what it printed)."""
+        request = os.path.join(self._workdir, f"cell{index}.json")
         verdict_path = request + ".verdict"
         with open(request, "w") as f:
-            json.dump({"lab": call["lab"], "check": call["check"], "hidden": call["hidden"],
-                       "name": call["answer"], "payload": payload, "verdict": verdict_path}, f)
+            json.dump({"calls": [{"lab": c["lab"], "check": c["check"], "hidden": c["hidden"],
+                                  "name": c["answer"], "payload": c["payload"]} for c in calls],
+                       "verdict": verdict_path}, f)
         env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
         proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -174,14 +175,14 @@ class GuardedExecute(Execute):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the sandbox's own session: it and its ranks
             out, _ = proc.communicate()
-            return {"passed": False, "message": f"grading {call['answer']} took longer than "
-                    f"{self.timeout} s and was stopped."}, out
+            return [{"passed": False, "message": f"grading took longer than {self.timeout} s "
+                     "and was stopped."}], out
         try:
             with open(verdict_path) as f:
                 return json.load(f), out
         except (OSError, ValueError):
-            return {"passed": False, "message": "the grader could not finish (exit code "
-                    f"{proc.returncode}):\n{out[-3000:]}"}, ""
+            return [{"passed": False, "message": "the grader could not finish (exit code "
+                     f"{proc.returncode}):\n{out[-3000:]}"}], ""
 
     def _execute_aside(self, cell, index: int) -> None:
         """Run ``cell`` in the kernel without it taking the place of notebook cell ``index``.

@@ -1,12 +1,14 @@
-"""Grade one handed-in answer in a fresh process: ``python -m parlab.grading.sandbox REQUEST.json``.
+"""Grade handed-in answers in a fresh process: ``python -m parlab.grading.sandbox REQUEST.json``.
 
-Started by ``parlab.grading.autograde`` for each check call of a test cell.
-The request names the lab, the check, whether it is the hidden one, the
-answer's name and the file holding the answer pickled by value.  This
+Started by ``parlab.grading.autograde`` once per test cell.  The request
+lists the cell's check calls in order; each names the lab, the check,
+whether it is the hidden one, the answer's name and the file holding the
+answer pickled by value.  Grading stops at the first call that fails.  This
 process imports the checks itself (nothing from the student's kernel
 reaches it), never unpickles the answer (only the ranks do), and gets back
 only plain data from the ranks (``launch(..., plain_results=True)``).  It
-writes ``{"passed": bool, "message": str}`` to the request's verdict path;
+writes a list of ``{"passed": bool, "message": str}``, one per call graded,
+to the request's verdict path;
 what the ranks print goes to stdout, which the preprocessor shows in the cell.
 """
 from __future__ import annotations
@@ -44,8 +46,14 @@ def main(argv: list[str]) -> int:
         print(__doc__.splitlines()[0])
         return 2
     request = json.loads(Path(argv[0]).read_text())
-    verdict = grade_request(request)
-    Path(request["verdict"]).write_text(json.dumps(verdict))
+    verdicts: list[dict] = []
+    for call in request["calls"]:
+        verdicts.append(grade_request(call))
+        if verdicts[-1]["passed"]:
+            print(verdicts[-1]["message"], flush=True)
+        if not verdicts[-1]["passed"]:
+            break
+    Path(request["verdict"]).write_text(json.dumps(verdicts))
     return 0
 
 
