@@ -3,7 +3,7 @@ notebook's solution and reject every wrong answer in
 tests/wrong_answers/lab03.py with a message that names its mistake.
 
 Everything goes through ``harness.grade_batch``: one launch per world size
-for all answers at once (visible: 2 and 4 ranks; hidden: 2 and 3), graded by
+for all answers at once (visible: 4 ranks; hidden: 2 and 3), graded by
 the same exercises as the notebook's check functions.
 """
 import pytest

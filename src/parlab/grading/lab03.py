@@ -61,8 +61,8 @@ _ATTN_VISIBLE = ((4, (Case("attn", (2, 5, 16), 4), Case("attn", (1, 7, 24), 8, b
                       Case("attn", (2, 3, 12), 6))),)
 _ATTN_HIDDEN = ((3, (Case("attn", (2, 6, 12), 3, seed=2), Case("attn", (1, 5, 30), 6, seed=3),
                      Case("attn", (2, 3, 8), 4, seed=4))),)
-_SP_VISIBLE = ((2, (Case("sp", (2, 6, 8), 2), Case("sp", (1, 4, 12), 4, seed=1))),
-               (4, (Case("sp", (2, 8, 8), 4), Case("sp", (1, 12, 16), 8, seed=1))),)
+_SP_VISIBLE = ((4, (Case("sp", (2, 8, 8), 4), Case("sp", (1, 12, 16), 8, seed=1),
+                    Case("sp", (1, 4, 12), 4, seed=4))),)
 _SP_HIDDEN = ((3, (Case("sp", (2, 9, 12), 3, seed=2), Case("sp", (1, 6, 18), 6, seed=3))),)
 
 
