@@ -8,6 +8,9 @@
   activation bytes autograd holds.
 - ``parlab.parallel.pp_schedule``  ideal GPipe / 1F1B / interleaved timetables,
   simulated from each stage's order of passes.
+- ``parlab.parallel.tp_reference``  the full layers a tensor-parallel layer must
+  reproduce: ``reference_linear`` from a seed and ``randomize_`` (random biases
+  and LayerNorm weights), for Lab 03 and its checks.
 
 The students' own parallel code lives in their notebooks, not here.
 """
