@@ -11,7 +11,7 @@ import parlab
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(600)]
 
-ROUNDS = int(os.environ.get("PARLAB_RACE_ROUNDS", "10"))
+ROUNDS = int(os.environ.get("PARLAB_RACE_ROUNDS", "6"))
 
 
 def every_rank_raises():
