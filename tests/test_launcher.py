@@ -343,7 +343,12 @@ def _start_launching_process(tmp_path):
 def test_interrupt_stops_every_rank_and_says_where_they_were(tmp_path):
     proc, pids = _start_launching_process(tmp_path)
     proc.send_signal(signal.SIGINT)  # what Jupyter's stop button does
-    out, err = proc.communicate(timeout=30)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the interrupted launch did not end within 60 s:\n{out}\n{err}") from None
     assert "KeyboardInterrupt" in err
     assert "Interrupted. Where the ranks were:" in err and "in sleep_forever" in err
     assert_all_gone(pids)

@@ -269,7 +269,8 @@ def _exercise(key: str, answer: str, run, grade, **kw) -> Exercise:
 BROADCAST = _exercise("broadcast", "broadcast_parameters", _run_broadcast, grade_broadcast)
 SHARD = _exercise("shard", "my_batch", _run_shard, grade_shard)
 ALLREDUCE = _exercise("allreduce", "allreduce_gradients", _run_allreduce,
-                      grade_trained("allreduce", 0), on_hang=rules.SAME_COLLECTIVES, on_error=rules.none_grad_hint)
+                      grade_trained("allreduce", 0), on_hang=rules.SAME_COLLECTIVES,
+                      on_mismatch=rules.SAME_COLLECTIVES, on_error=rules.none_grad_hint)
 ACCUM = _exercise(
     "accum", "accumulate_and_sync", _run_accum, grade_trained("accum", 0),
     rules=(Rule("Call `backward()` once per micro-batch (one backward over the summed losses is "
