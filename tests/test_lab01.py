@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.grading import harness, lab01
+from grading_reports import short_keys as _by_short_key
 from wrong_answers import lab01 as wrong
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
@@ -184,10 +185,6 @@ def _batch(tables) -> dict:
         for ex, fixtures in table.items():
             batch[lab01.EXERCISES[ex]].update({f.__name__: f for f, _ in fixtures})
     return {ex: answers for ex, answers in batch.items() if answers}
-
-
-def _by_short_key(report: dict) -> dict:
-    return {(key.split(".", 1)[1], name): msg for (key, name), msg in report.items()}
 
 
 # ---------------------------------------------------------------- batched: visible and hidden

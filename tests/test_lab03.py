@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parlab.grading import harness, lab03
+from grading_reports import short_keys as _short
 from wrong_answers import lab03 as wrong
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(400)]
@@ -239,10 +240,6 @@ def _batch(with_wrong: bool) -> dict:
         for ex, fixtures in wrong.WRONG.items():
             batch[lab03.EXERCISES[ex]].update({f.__name__: f for f, _ in fixtures})
     return batch
-
-
-def _short(report: dict) -> dict:
-    return {(key.split(".", 1)[1], name): msg for (key, name), msg in report.items()}
 
 
 @pytest.fixture(scope="module")

@@ -11,15 +11,12 @@ run alone, through the public check, with a short timeout.
 import pytest
 
 from parlab.grading import harness, lab04
+from grading_reports import short_keys as _by_short_key
 from wrong_answers import lab04 as answers
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(600)]
 
 CORRECT, WRONG = answers.CORRECT, answers.WRONG
-
-
-def _by_short_key(report: dict) -> dict:
-    return {(key.split(".", 1)[1], name): msg for (key, name), msg in report.items()}
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from parlab.grading import harness, lab05
+from grading_reports import short_keys as _short
 from wrong_answers import lab05 as wrong
 from wrong_answers.lab05 import _Flat, _Layers
 
@@ -129,10 +130,6 @@ def _batch(with_wrong: bool) -> dict:
         for ex, fixtures in wrong.WRONG.items():
             batch[lab05.EXERCISES[ex]].update({f.__name__: f for f, _ in fixtures})
     return batch
-
-
-def _short(report: dict) -> dict:
-    return {(key.split(".", 1)[1], name): msg for (key, name), msg in report.items()}
 
 
 @pytest.fixture(scope="module")
