@@ -33,6 +33,19 @@ def test_every_rank_returned_is_no_error():
     assert explain(Facts(nproc=2, returned={0, 1}, agent_code=0)) is None
 
 
+def test_a_bad_exit_after_every_rank_returned_keeps_the_results_with_a_note():
+    facts = Facts(nproc=3, returned={0, 1, 2}, agent_code=1, exit_codes={0: 3, 1: TERM, 2: TERM})
+    assert explain(facts) is None
+    note = report.late_exit(facts)
+    assert "rank 0: exit code 3" in note and "rank 1: SIGTERM" in note and "kept" in note
+    assert report.late_exit(Facts(nproc=2, returned={0, 1}, agent_code=0)) is None
+
+
+def test_a_bad_exit_before_every_rank_returned_is_still_an_error():
+    err = explain(Facts(nproc=2, returned={0}, agent_code=1))
+    assert isinstance(err, LaunchError) and "rank(s) [1] never finished" in str(err)
+
+
 def test_raised():
     err = explain(Facts(nproc=2, errors={1: record(1, "not yet", "NotImplementedError")}, returned={0}))
     assert isinstance(err, WorkerError) and err.rank == 1 and err.phase == "raised"

@@ -589,3 +589,18 @@ def test_progress_bars_show_their_last_state(capsys):
 
     TextSink(1).line(0, "out", "".join(f"\r{i:3d}%" for i in range(101)))
     assert capsys.readouterr().out == "[rank 0] 100%\n"
+
+
+def fails_in_shutdown():
+    import atexit
+    import os
+
+    if dist.get_rank() == 0:
+        atexit.register(os._exit, 3)  # after the result is written, as a crash in teardown would
+    return dist.get_rank()
+
+
+def test_a_rank_failing_after_its_result_is_written_loses_nothing(capfd):
+    assert parlab.launch(fails_in_shutdown, nproc=2) == [0, 1]
+    assert "rank 0: exit code 3" in capfd.readouterr().err
+    assert_no_job_dirs()

@@ -21,7 +21,7 @@ from .errors import LaunchError, WorkerError
 from .failures import transient_reason
 from .jobdir import JOB_ENV, JobDir, private_jobs_root, sweep_stale_jobs
 from .output import FileTail, make_sink
-from .report import Facts, explain, parse_agent_log
+from .report import Facts, explain, late_exit, parse_agent_log
 from .results import decode, decode_plain
 
 _POLL = 0.05
@@ -186,6 +186,9 @@ class Job:
         facts = self._facts(timed_out=timed_out)
         error = explain(facts)
         if error is None:
+            note = late_exit(facts)
+            if note:
+                print(note, file=sys.stderr)
             return [self._load_result(r) for r in range(self.nproc)]
         if isinstance(error, WorkerError):
             reason = transient_reason(error.phase, error.failures.get(error.rank, ""))

@@ -198,7 +198,12 @@ def _timed_out(f: Facts) -> LaunchTimeout:
 
 
 def explain(f: Facts) -> LaunchError | None:
-    """The exception that describes how the launch ended, or None when every rank returned."""
+    """The exception that describes how the launch ended, or None when every rank returned.
+
+    A rank that fails after writing its result (in torch's shutdown, say, when
+    a peer closed its connection first) lost nothing: ``late_exit`` words a
+    note for it and the results stand.
+    """
     missing = [r for r in range(f.nproc) if r not in f.returned and r not in f.errors]
     agent_killed = f.agent_code is not None and f.agent_code < 0
     if agent_killed and not f.errors:  # torchrun itself was killed: its ranks died with it
@@ -211,8 +216,18 @@ def explain(f: Facts) -> LaunchError | None:
         return _raised(f)
     if f.timed_out:
         return _timed_out(f)
-    if f.agent_code == 0 and not missing:
+    if not missing:  # every rank delivered its result; a failure after that lost nothing
         return None
     who = f"rank(s) {missing} never finished" if missing else "every rank finished"
     return LaunchError(f"torchrun exited with code {f.agent_code} and {who}, but no rank reported an "
                        "error or died. torchrun's last lines:\n" + "\n".join(f.agent_log.splitlines()[-25:]))
+
+
+def late_exit(f: Facts) -> str | None:
+    """A note for ranks that ended badly after every rank had delivered its result."""
+    if f.agent_code in (0, None) or f.errors or len(f.returned) < f.nproc:
+        return None
+    codes = ", ".join(f"rank {r}: {describe_exit(c)[1]}" for r, c in sorted(f.exit_codes.items())) \
+        or f"torchrun exit code {f.agent_code}"
+    return (f"parlab: every rank returned its result, then the ranks did not all shut down cleanly "
+            f"({codes}). The results are complete and kept.")
