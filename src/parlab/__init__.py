@@ -1,7 +1,8 @@
 """parlab: hands-on labs for distributed-training parallelism.
 
 The launcher (``parlab.launch``: ``launch``, ``run_script``, the ``%%torchrun``
-magic) runs code from a notebook on many ranks through torchrun.  The science core lives in
+magic; ``start`` for warm ranks that stay up between cells) runs code from a
+notebook on many ranks through torchrun.  The science core lives in
 submodules that are imported on first use, so ``import parlab`` stays cheap:
 
 - ``parlab.models``    tiny GPT and tiny Hugging Face models built from configs
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 
 from . import launch  # the package parlab.launch, callable as the function launch()
-from .launch import LaunchError, LaunchTimeout, WorkerError, device, run_script
+from .launch import LaunchError, LaunchTimeout, WorkerError, device, run_script, start
 
 __all__ = [
     "LaunchError",
@@ -28,6 +29,7 @@ __all__ = [
     "launch",
     "load_ipython_extension",
     "run_script",
+    "start",
 ]
 __version__ = "0.1.0"
 

@@ -15,7 +15,8 @@ travels to the ranks), ``job`` (process life cycle), ``jobdir`` (the shared
 files), ``worker`` and ``agent`` (the rank and torchrun side), ``output``
 (where rank output goes), ``stacks`` (where each rank was), ``report``
 (facts -> exception), ``failures`` (the kind of a failure), ``results``
-(plain results), ``procs`` (process identity), ``magic`` (``%%torchrun``).
+(plain results), ``procs`` (process identity), ``magic`` (``%%torchrun``,
+``%%rank``, ``%parlab``), ``warm`` and ``warm_worker`` (warm groups: ``start``).
 """
 from __future__ import annotations
 
@@ -120,9 +121,11 @@ class _CallableModule(types.ModuleType):
         return launch(fn, *args, **kwargs)
 
 
+from .warm import WarmGroup, start  # noqa: E402 - needs _bare above
+
 sys.modules[__name__].__class__ = _CallableModule
 tracebacks.install()
 __wrapped__ = launch  # inspect.signature(parlab.launch) shows launch's signature
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WorkerError", "choose_backend",
-           "device", "launch", "run_cell", "run_script"]
+__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WarmGroup", "WorkerError",
+           "choose_backend", "device", "launch", "run_cell", "run_script", "start"]
