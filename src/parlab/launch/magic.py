@@ -8,6 +8,17 @@
 
 The cell sees ``rank``, ``world_size``, ``device``, ``torch``, ``dist`` and the
 notebook's own variables that it names (sent by value, like ``launch``).
+
+Warm ranks (``parlab.launch.warm``) get a line magic and a cell magic:
+
+    %parlab start -n 4 [--timeout S] [--backend B] [--debug] [--seed N]
+    %%rank [--timeout S]
+    model = torch.nn.Linear(4, 4)   # stays on each rank for the next %%rank cell
+    %parlab names | reset | restart | stop
+
+``%%rank`` has the cell semantics of ``%%torchrun`` (same names, last
+expression returned per rank) but runs on the group that ``%parlab start``
+(or ``parlab.start``) started last, in each rank's lasting namespace.
 """
 from __future__ import annotations
 
@@ -20,8 +31,8 @@ import sys
 
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="%%torchrun", add_help=False, exit_on_error=False)
+def _parser(prog: str = "%%torchrun") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
     p.add_argument("-n", "--nproc", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--backend", default=None)
@@ -56,15 +67,79 @@ _PROVIDED = {"rank", "world_size", "device", "torch", "dist", "parlab", "In", "O
 
 def torchrun(line: str, cell: str, ipython=None):
     __tracebackhide__ = True  # IPython hides the magic's own frames
+    from . import run_cell
+
     opts = parse_line(line)
+    count, filename, names, has_value = _prepare_cell(cell, ipython, "torchrun")
+    results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
+                       debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
+                       label=f"Cell In[{count}]" if count is not None else None)
+    return results if has_value else None
+
+
+def rank(line: str, cell: str, ipython=None):
+    """``%%rank [--timeout S]``: the cell on every rank of the warm group, in its lasting namespace."""
+    __tracebackhide__ = True  # IPython hides the magic's own frames
+    from .warm import current
+
+    parser = argparse.ArgumentParser(prog="%%rank", add_help=False, exit_on_error=False)
+    parser.add_argument("--timeout", type=float, default=None)
+    try:
+        opts, rest = parser.parse_known_args(shlex.split(line))
+    except (argparse.ArgumentError, ValueError) as exc:
+        rest = [str(exc)]
+    if rest:
+        raise ValueError(f"%%rank: cannot read {' '.join(rest)!r}. Usage: %%rank [--timeout S] (the ranks "
+                         "and backend are the warm group's: see %parlab start)")
+    group = current()
+    count, filename, names, has_value = _prepare_cell(cell, ipython, "rank")
+    results = group.run_cell(cell, names, filename=filename, timeout=opts.timeout,
+                             label=f"Cell In[{count}]" if count is not None else None)
+    return results if has_value else None
+
+
+_PARLAB_USAGE = ("Usage: %parlab start -n 4 [--timeout S] [--backend gloo|nccl] [--debug] [--seed N] | "
+                 "%parlab names | %parlab reset | %parlab restart | %parlab stop")
+
+
+def parlab_line(line: str, ipython=None):
+    """``%parlab start|names|reset|restart|stop``: the warm group that ``%%rank`` cells use."""
+    __tracebackhide__ = True  # IPython hides the magic's own frames
+    from . import warm
+
+    words = shlex.split(line)
+    action, rest = (words[0], words[1:]) if words else ("", [])
+    if action == "start":
+        try:
+            opts, unknown = _parser("%parlab start").parse_known_args(rest)
+        except (argparse.ArgumentError, ValueError) as exc:
+            raise ValueError(f"%parlab start: {exc}. {_PARLAB_USAGE}") from None
+        if unknown:
+            raise ValueError(f"%parlab start: unknown option(s) {' '.join(unknown)}. {_PARLAB_USAGE}")
+        if warm._current is not None and warm._current.job is not None:
+            warm._current.stop()  # one group per kernel for %%rank: starting again replaces it
+        group = warm.start(nproc=opts.nproc, backend=opts.backend, timeout=opts.timeout,
+                           debug=opts.debug or None, seed=opts.seed)
+        print(f"parlab: {group.nproc} warm ranks ({group.backend}) ready; %%rank cells run on them")
+        return None
+    if action in ("names", "reset", "restart", "stop") and not rest:
+        if action == "stop" and warm._current is None:
+            return None
+        group = warm.current()
+        return getattr(group, action)()
+    raise ValueError(f"%parlab: cannot read {line!r}. {_PARLAB_USAGE}")
+
+
+def _prepare_cell(cell: str, ipython, kind: str):
+    """(cell number, file name, notebook variables to send, whether the cell ends in an expression)."""
     count = _current_cell_number(ipython)
-    filename = f"<torchrun-cell-{count}>"
+    filename = f"<{kind}-cell-{count}>"
     # One parse; a SyntaxError here points at the cell's own line.
     tree = compile(cell, filename, "exec", ast.PyCF_ONLY_AST)
     wanted = names_used(tree)
     user_ns = ipython.user_ns if ipython is not None else {}
     names, skipped = {}, []
-    from . import pickling, run_cell
+    from . import pickling
 
     for name in sorted(wanted - _PROVIDED):
         if name not in user_ns or user_ns[name] is getattr(builtins, name, object()):
@@ -78,13 +153,10 @@ def torchrun(line: str, cell: str, ipython=None):
             continue
         names[name] = user_ns[name]
     if skipped:
-        print("%%torchrun: these notebook variables cannot be sent to the ranks and will be undefined "
+        print(f"%%{kind}: these notebook variables cannot be sent to the ranks and will be undefined "
               f"there: {', '.join(skipped)}", file=sys.stderr)
     has_value = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
-    results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
-                    debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
-                    label=f"Cell In[{count}]" if count is not None else None)
-    return results if has_value else None
+    return count, filename, names, has_value
 
 
 def _current_cell_number(ipython):
@@ -100,5 +172,15 @@ def register(ipython) -> None:
         __tracebackhide__ = True
         return torchrun(line, cell, ipython)
 
-    magic.__doc__ = __doc__
+    def rank_magic(line, cell):
+        __tracebackhide__ = True
+        return rank(line, cell, ipython)
+
+    def parlab_magic(line):
+        __tracebackhide__ = True
+        return parlab_line(line, ipython)
+
+    magic.__doc__ = rank_magic.__doc__ = parlab_magic.__doc__ = __doc__
     ipython.register_magic_function(magic, magic_kind="cell", magic_name="torchrun")
+    ipython.register_magic_function(rank_magic, magic_kind="cell", magic_name="rank")
+    ipython.register_magic_function(parlab_magic, magic_kind="line", magic_name="parlab")

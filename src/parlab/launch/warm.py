@@ -95,7 +95,7 @@ class WarmGroup:
         self.job, self.conns, self._owner = None, {}, os.getpid()
         self._lock = threading.Lock()
         self._ids = 0
-        self._sent: set = set()   # notebook cells whose source the ranks already have
+        self._sent: dict = {}   # cell file name -> the source the ranks already have
         self._pressed = False
 
     # ------------------------------------------------------------ public
@@ -110,6 +110,17 @@ class WarmGroup:
         task = options.check_call(fn, args, kwargs)
         try:
             return self._submit(task, timeout)
+        except (LaunchError, KeyboardInterrupt) as exc:
+            raise _bare(exc) from None
+
+    def run_cell(self, source: str, names: dict, *, filename="<rank cell>", label=None, timeout=None):
+        """Run a cell's source in every rank's namespace (the engine behind ``%%rank``)."""
+        __tracebackhide__ = True  # IPython hides launcher frames
+        from .warm_worker import WarmCell
+
+        try:
+            return self._submit(WarmCell(source, filename, names), timeout,
+                                cell=(filename, source, label or filename))
         except (LaunchError, KeyboardInterrupt) as exc:
             raise _bare(exc) from None
 
@@ -201,7 +212,7 @@ class WarmGroup:
             self.conns = self._accept(listener, authkey)
         finally:
             listener.close()  # nobody can connect from now on
-        self._sent = set()
+        self._sent = {}
 
     def _accept(self, listener, authkey: bytes) -> dict:
         """Each rank's connection, authenticated both ways and checked against its pid file."""
@@ -251,7 +262,7 @@ class WarmGroup:
             raise LaunchError("this warm group is stopped: start it again with g.restart(), or start a "
                               "new one with parlab.start().")
 
-    def _submit(self, task, timeout, kind: str = "run") -> list:
+    def _submit(self, task, timeout, kind: str = "run", cell=None) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
         self._check_caller()
         timeout = self.timeout if timeout is None else options.check_timeout(timeout)
@@ -262,10 +273,12 @@ class WarmGroup:
         try:
             self._restart_if_broken()
             sources, labels = options.notebook_sources()
+            if cell is not None:
+                sources[cell[0]], labels[cell[0]] = cell[1], cell[2]
             self.job.labels.update(labels)
             self._ids += 1
-            new = {k: v for k, v in sources.items() if k not in self._sent}
-            self._sent |= set(new)
+            new = {k: v for k, v in sources.items() if self._sent.get(k) != v}
+            self._sent.update(new)
             request = pickling.dumps({"id": self._ids, "kind": kind, "task": task_bytes,
                                       "sources": new, "labels": labels})
             return self._exchange(request, self._ids, timeout)
@@ -315,11 +328,12 @@ class WarmGroup:
             for conn in wait([self.conns[r] for r in pending], timeout=_POLL):
                 r = ranks_of[conn]
                 try:
-                    head = json.loads(conn.recv_bytes())
+                    head, _, payload = conn.recv_bytes().partition(b"\n")
+                    head = json.loads(head)
                     if head.get("id") != rid:
                         raise OSError(f"rank {r} answered out of step")
                     if head["status"] in ("result", "ok"):
-                        data[r] = conn.recv_bytes() if head["status"] == "result" else None
+                        data[r] = payload if head["status"] == "result" else None
                     elif head["status"] == "error":
                         errors[r] = _checked(head["record"], r)
                     else:
@@ -437,6 +451,7 @@ def _handshake(sock, authkey: bytes, pids: dict):
         if rank not in pids or pids[rank][0] != pid:
             raise AuthenticationError(f"pid {pid} is not rank {rank}")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return rank, conn
     except (AuthenticationError, OSError, EOFError, ValueError, KeyError, TypeError):
         conn.close()
