@@ -1,7 +1,8 @@
 """``parlab doctor``: is this machine ready for the labs?  Run it first.
 
 It checks torch, the backends, the GPUs, the cores and a 2-rank all-reduce
-(1 rank on a one-GPU machine), and exits non-zero naming every failed check.
+(1 rank on a one-GPU machine), cold (``parlab.launch``) and on a warm group
+(``parlab.start``), and exits non-zero naming every failed check.
 
 The GPU checks are split in two so that the decision can be tested without a
 GPU: ``gpu_facts()`` gathers what the machine says (torch, ``nvidia-smi``,
@@ -250,7 +251,36 @@ def checks() -> list[Row]:
     rows.append((f"{nproc}-rank all_reduce ({got[0][1]})", ok,
                  f"{[value for value, _ in got]} in {time.perf_counter() - start:.1f} s"
                  + ("" if ok else f", expected {expected} on every rank")))
+    rows.append(warm_row(nproc, expected))
     return rows
+
+
+def warm_row(nproc: int, expected: float) -> Row:
+    """Whether a warm group (``parlab.start``) starts, answers an all-reduce, and stops cleanly."""
+    import parlab
+    from parlab.launch import procs
+
+    what = f"{nproc}-rank warm group"
+    start = time.perf_counter()
+    try:
+        with parlab.start(nproc=nproc, timeout=120) as group:
+            started = time.perf_counter() - start
+            group.run(_all_reduce_smoke)  # the first call pays for loading the function's modules
+            cell = time.perf_counter()
+            got = [value for value, _ in group.run(_all_reduce_smoke)]
+            cell = time.perf_counter() - cell
+            pids = group.job.job.pids()
+            members = [pids[r] for r in range(nproc)] + [(group.job.agent.pid, group.job.agent_token)]
+    except Exception as exc:  # noqa: BLE001 - report, don't crash
+        return what, False, f"{type(exc).__name__}: {exc}"
+    left = [pid for pid, token in members if procs.same_process(pid, token)]
+    ok = got == [expected] * nproc and not left
+    detail = f"started in {started:.1f} s, an all_reduce cell in {cell * 1000:.0f} ms"
+    if got != [expected] * nproc:
+        detail += f"; got {got}, expected {expected} on every rank"
+    if left:
+        detail += f"; pid(s) {left} still running after stop()"
+    return what, ok, detail
 
 
 def main() -> int:
