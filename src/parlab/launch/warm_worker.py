@@ -47,21 +47,6 @@ def _on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
-def _seed(seed: int) -> None:
-    import random
-
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:
-        pass
-
-
 class WarmCell:
     """A ``%%rank`` cell: like ``tasks.CellTask``, but run in this rank's lasting namespace.
 
@@ -123,6 +108,8 @@ def serve(address, authkey: bytes, seed: int):
 
     import torch.distributed as dist
 
+    from parlab.launch.worker import seed_everything
+
     rank = dist.get_rank()
     _restack(rank)
     conn = Client(address, authkey=authkey)
@@ -146,7 +133,7 @@ def serve(address, authkey: bytes, seed: int):
             return None
         if request["kind"] == "reset":
             _NAMESPACE.clear()
-            _seed(seed + rank)
+            seed_everything(seed + rank)
             header, payload = {"status": "ok"}, None
         else:
             header, payload = _run(request, rank, labels)
@@ -215,13 +202,13 @@ def _where(exc: BaseException, labels: dict) -> str:
     """The innermost line of the student's code that the interrupt stopped."""
     import traceback
 
-    from parlab.launch.stacks import label_cells
-
     frames = [f for f in traceback.extract_tb(_trim(exc).__traceback__) if f.filename != _HERE]
     if not frames:
         return "between tasks"
     f = frames[-1]
-    return label_cells(f'File "{f.filename}", line {f.lineno}', labels) + f" in {f.name}"
+    place = f"{labels[f.filename]}, line {f.lineno}" if f.filename in labels else \
+        f"{os.path.basename(f.filename)}:{f.lineno}"
+    return f"at {place} in {f.name}"
 
 
 def _leave() -> None:

@@ -65,7 +65,6 @@ def init_method(backend: str) -> str:
 
 def _prepare_rank(spec: dict, rank: int):
     import datetime
-    import random
 
     import torch
     import torch.distributed as dist
@@ -83,7 +82,15 @@ def _prepare_rank(spec: dict, rank: int):
         dev = torch.device("cpu")
         dist.init_process_group(init_method(spec["backend"]), timeout=timeout)
     runtime._set_device(dev)
-    seed = spec["seed"] + rank
+    seed_everything(spec["seed"] + rank)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed random, torch and numpy (when installed) with ``seed``."""
+    import random
+
+    import torch
+
     random.seed(seed)
     torch.manual_seed(seed)
     try:
