@@ -26,19 +26,14 @@ What happens when a cell goes wrong:
 from __future__ import annotations
 
 import atexit
-import json
 import os
-import select
 import signal
-import socket
-import struct
 import threading
 import time
 import weakref
-from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, \
-    deliver_challenge, wait
+from multiprocessing.connection import wait
 
-from . import _bare, options, pickling, procs
+from . import _bare, options, pickling, procs, warm_link
 from .errors import LaunchError, WorkerError
 from .failures import classify, transient_reason
 from .jobdir import sweep_stale_jobs
@@ -47,10 +42,9 @@ from .report import explain, status
 from .results import decode
 from .warm_worker import WarmLoop, names as _rank_names, state  # noqa: F401 - state() is public
 
-_POLL = 0.02
+_POLL = warm_link.POLL
 _SETTLE = 3.0   # after one rank raised, how long the others may take to answer
 _GRACE = 3.0    # after the stop button, how long the ranks may take to stop
-_HANDSHAKE_S = 5
 _groups: "weakref.WeakSet[WarmGroup]" = weakref.WeakSet()
 _current = None  # the group %%rank runs on: the one started last and not stopped
 
@@ -201,35 +195,12 @@ class WarmGroup:
     def _boot_once(self) -> None:
         from .job import Job
 
-        authkey = os.urandom(32)
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.bind(("127.0.0.1", 0))
-            listener.listen(self.nproc)
-            loop = WarmLoop(listener.getsockname(), authkey, self.seed)
+        with warm_link.Listener(self.nproc) as listener:  # closed once every rank is connected
+            loop = WarmLoop(listener.address, listener.authkey, self.seed)
             self.job = Job(loop, self.nproc, self.backend, self.timeout, self.env, self.debug, self.seed)
             self.job._start()
-            self.conns = self._accept(listener, authkey)
-        finally:
-            listener.close()  # nobody can connect from now on
+            self.conns = listener.accept_ranks(self.job, max(self.timeout, options.DEFAULT_TIMEOUT))
         self._sent = {}
-
-    def _accept(self, listener, authkey: bytes) -> dict:
-        """Each rank's connection, authenticated both ways and checked against its pid file."""
-        job, conns = self.job, {}
-        deadline = time.monotonic() + max(self.timeout, options.DEFAULT_TIMEOUT)
-        while len(conns) < self.nproc:
-            job._pump()
-            if job.agent.poll() is not None or job._dead_ranks(job.job.pids()) or job.job.errors(self.nproc):
-                raise explain(job._facts()) or LaunchError("the warm ranks ended while starting")
-            if time.monotonic() > deadline:
-                raise explain(job._facts(timed_out=True))
-            if select.select([listener], [], [], _POLL)[0]:
-                sock, _ = listener.accept()
-                rank, conn = _handshake(sock, authkey, job.job.pids())
-                if conn is not None:
-                    conns[rank] = conn
-        return conns
 
     def _end_processes(self) -> None:
         for conn in self.conns.values():
@@ -308,7 +279,10 @@ class WarmGroup:
             why = f"rank(s) {job._dead_ranks(job.job.pids())} ended between cells"
         else:
             return
-        print(self._restart(why).strip(), flush=True)
+        note = self._restart(why).strip()
+        if self.job is None:
+            raise LaunchError(note)
+        print(note, flush=True)
 
     def _exchange(self, request: bytes, rid: int, timeout: float) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
@@ -328,16 +302,8 @@ class WarmGroup:
             for conn in wait([self.conns[r] for r in pending], timeout=_POLL):
                 r = ranks_of[conn]
                 try:
-                    head, _, payload = conn.recv_bytes().partition(b"\n")
-                    head = json.loads(head)
-                    if head.get("id") != rid:
-                        raise OSError(f"rank {r} answered out of step")
-                    if head["status"] in ("result", "ok"):
-                        data[r] = payload if head["status"] == "result" else None
-                    elif head["status"] == "error":
-                        errors[r] = _checked(head["record"], r)
-                    else:
-                        stopped[r] = str(head.get("where", ""))
+                    kind, value = warm_link.read_reply(conn, rid, r)
+                    {"result": data, "error": errors, "interrupted": stopped}[kind][r] = value
                 except (EOFError, OSError, ValueError, KeyError):
                     broken = True
                 pending.discard(r)
@@ -412,7 +378,7 @@ class WarmGroup:
         elif broken or f.dead:
             why = "a rank died, so the process group is broken"
         elif pending:
-            why = f"rank(s) {sorted(pending)} were still busy {_SETTLE:g} s after rank {error.rank} raised"
+            why = f"rank(s) {sorted(pending)} were still busy {_SETTLE:g} s after another rank raised"
         elif kind in ("hang", "mismatch", "died"):
             why = "a collective failed, so the process group cannot be trusted"
         else:
@@ -423,41 +389,12 @@ class WarmGroup:
         raise error
 
 
-def _checked(record, rank: int) -> dict:
-    """An error record from a rank, checked like the cold path's ``error.r`` files."""
-    from .jobdir import _checked_record
-
-    return _checked_record(json.dumps(record).encode(), rank)
-
-
 def _load(rank: int, data: bytes):
     try:
         return decode(data)
     except Exception as exc:  # noqa: BLE001
         raise LaunchError(f"rank {rank}'s result could not be loaded in the notebook "
                           f"({type(exc).__name__}: {exc})") from None
-
-
-def _handshake(sock, authkey: bytes, pids: dict):
-    """(rank, connection) for a rank that knows the secret and is who its pid file says; else (None, None)."""
-    sock.setblocking(True)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", _HANDSHAKE_S, 0))
-    conn = Connection(os.dup(sock.fileno()))
-    try:
-        deliver_challenge(conn, authkey)
-        answer_challenge(conn, authkey)
-        hello = json.loads(conn.recv_bytes(256))
-        rank, pid = int(hello["rank"]), int(hello["pid"])
-        if rank not in pids or pids[rank][0] != pid:
-            raise AuthenticationError(f"pid {pid} is not rank {rank}")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return rank, conn
-    except (AuthenticationError, OSError, EOFError, ValueError, KeyError, TypeError):
-        conn.close()
-        return None, None
-    finally:
-        sock.close()
 
 
 @atexit.register
