@@ -3,13 +3,15 @@ the wrong answers in tests/wrong_answers/lab05.py with a message that names
 the mistake.
 
 Every answer of every exercise is graded in one ``harness.grade_batch`` per
-test set: one launch at 3 ranks for the visible cases and one at 4 ranks for
-the hidden ones (a launch costs 10-60 s on this 2-core machine).
+test set: one launch at 3 ranks for the visible cases, and for the hidden ones
+one at 4 ranks (ZeRO) and one at 2 (FSDP2) (a launch costs 10-60 s on this
+2-core machine).
 """
 import pytest
 import torch
 import torch.distributed as dist
 
+import parlab
 from parlab.grading import harness, lab05
 from grading_reports import short_keys as _short
 from wrong_answers import lab05 as wrong
@@ -115,12 +117,35 @@ class zero3_prefetch(_Layers):
             super().gather(nxt)
 
 
+def fsdp2_loop(model, blocks):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def fsdp2_mesh_no_reshard(model, blocks):
+    """An explicit 1-D mesh, reshard_after_forward=False, the blocks found by type, returns the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from parlab.models.gpt import Block
+
+    mesh = init_device_mesh(parlab.device().type, (dist.get_world_size(),))
+    for m in model.modules():
+        if isinstance(m, Block):
+            fully_shard(m, mesh=mesh, reshard_after_forward=False)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+
 CORRECT = {
     "memory": {"memory": memory, "memory_from_bytes_per_param": memory_from_bytes_per_param},
     "comm": {"comm": comm},
     "zero1": {"zero1_tensor_split": zero1_tensor_split, "zero1_flat": zero1_flat},
     "zero2": {"zero2_flat": zero2_flat, "zero2_list_api": zero2_list_api},
     "zero3": {"zero3_layers": zero3_layers, "zero3_prefetch": zero3_prefetch},
+    "fsdp2": {"fsdp2_loop": fsdp2_loop, "fsdp2_mesh_no_reshard": fsdp2_mesh_no_reshard},
 }
 
 

@@ -1,4 +1,4 @@
-"""Typical wrong answers to Lab 05's exercises (ZeRO-1/2/3 by hand, memory and bytes).
+"""Typical wrong answers to Lab 05's exercises (ZeRO-1/2/3 by hand, FSDP2, memory and bytes).
 
 ``WRONG`` maps each exercise to a list of (fixture, words the check's message
 must contain).  The ZeRO fixtures are small variations of one flat-shard
@@ -248,6 +248,52 @@ def comm_stage3_like_dp(n_params, n, stage, bytes_per_elem):
     return 2 * (n - 1) / n * n_params * bytes_per_elem
 
 
+# ------------------------------------------------------------ exercise 6: FSDP2
+def fsdp2_root_only(model, blocks):
+    """Wraps only the root: right gradients, but the whole model is one unit gathered at once."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+
+
+def fsdp2_blocks_grouped(model, blocks):
+    """One fully_shard call on the list of blocks: all of them become one unit."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(blocks)
+    fully_shard(model)
+
+
+def fsdp2_blocks_only(model, blocks):
+    """Forgets the root: embeddings, final norm and output layer are never reduced."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+
+
+def fsdp2_root_first(model, blocks):
+    """Wraps the root before the blocks."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(model)
+    for block in blocks:
+        fully_shard(block)
+
+
+def fsdp2_summed(model, blocks):
+    """Turns FSDP2's division by the world size off: the gradients are summed over the ranks."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            m.set_gradient_divide_factor(1.0)
+
+
 WRONG = {
     "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's")],
     "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice")],
@@ -259,4 +305,10 @@ WRONG = {
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
               (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged")],
+    "fsdp2": [(fsdp2_root_only, "only the root is wrapped"),
+              (fsdp2_blocks_grouped, "not each their own unit"),
+              (fsdp2_blocks_only, "fully_shard on the root"),
+              (fsdp2_root_first, "blocks first and the root last"),
+              (fsdp2_summed, "not averaged")],
 }
+

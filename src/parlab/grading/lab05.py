@@ -5,6 +5,7 @@
     lab05.check_zero1(ZeRO1)                      # Exercise 3: optimizer states sharded
     lab05.check_zero2(ZeRO2)                      # Exercise 4: gradients sharded too
     lab05.check_zero3(ZeRO3)                      # Exercise 5: parameters sharded too
+    lab05.check_fsdp2(shard_with_fsdp2)           # Exercise 6: FSDP2, gradients match DDP
 
 The ZeRO exercises train a small MLP (``Case``) for a few steps, each rank on
 its own rows of the global batch, and compare every rank's parameters before
@@ -14,6 +15,8 @@ grader registers after the student's, so under ZeRO-3 they are read right
 after the student's all-gather.  What each rank holds is measured there and
 after each step, in storage bytes (``lab05_rules``): a ZeRO-3 that never
 frees a gathered layer gives the right numbers and still fails.
+Exercise 6 (``lab05_fsdp``) applies FSDP2's ``fully_shard`` to parlab's GPT
+and compares the full gradients with DDP's.
 References: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 Training Trillion Parameter Models" (SC20), §5 and §7.
 """
@@ -27,12 +30,13 @@ from torch import nn
 from .. import check
 from ..cost import zero_comm_elems, zero_memory_per_gpu
 from ..runtime import device
+from . import lab05_fsdp as fsdp
 from . import lab05_rules as rules
 from .harness import Exercise, Graded, Rule, checker
 from .numbers import assert_number, plain_number
 
-__all__ = ["check_memory", "check_comm", "check_zero1", "check_zero2", "check_zero3", "Case",
-           "EXERCISES"]
+__all__ = ["check_memory", "check_comm", "check_zero1", "check_zero2", "check_zero3",
+           "check_fsdp2", "Case", "EXERCISES"]
 
 INIT_SEED, DATA_SEED = 3, 17
 ADAMW_TOLS = (1e-4, 1e-5)  # rtol, atol: AdamW divides by sqrt(v), which magnifies reduction noise
@@ -287,7 +291,22 @@ ZERO3 = Exercise(
     on_hang=_HANG, on_mismatch=_MISMATCH,
     on_error=rules.error_hint)
 
-EXERCISES = {"memory": MEMORY, "comm": COMM, "zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3}
+def _gpt(**cfg) -> fsdp.GPTCase:
+    return fsdp.GPTCase(tuple(sorted(cfg.items())))
+
+
+FSDP2 = Exercise(
+    key="lab05.fsdp2", answer="shard_with_fsdp2", run=fsdp.run, grade=fsdp.grade,
+    visible=((3, (_gpt(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),)),),
+    hidden=((2, (_gpt(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),
+                 _gpt(vocab_size=37, d_model=12, n_head=3, n_layer=2, seq_len=5, bias=False,
+                      tie_weights=False))),),
+    rules=(Rule("Call `fully_shard` on each block, then on the root model: the forward makes one "
+                "all-gather per block and one for the root.", fsdp.sharded_per_block),),
+    settle=fsdp.settle, timeout=120, on_error=fsdp.error_hint)
+
+EXERCISES = {"memory": MEMORY, "comm": COMM, "zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3,
+             "fsdp2": FSDP2}
 
 check_memory = checker(MEMORY, """Exercise 1: ``fn(n_params, n, stage)`` -> model-state bytes per
 rank under ZeRO stage 0-3 with mixed-precision Adam (2 + 2 + 12 bytes per parameter).""")
@@ -299,3 +318,5 @@ check_zero2 = checker(ZERO2, """Exercise 4: ``ZeRO2(params, make_optimizer)``: g
 reduce-scattered into the owned shard, the rest freed.""")
 check_zero3 = checker(ZERO3, """Exercise 5: ``ZeRO3(layers, make_optimizer)``: parameters
 sharded, each layer gathered before its forward and backward and freed after.""")
+check_fsdp2 = checker(FSDP2, """Exercise 6: ``fn(model, blocks)`` applies FSDP2's ``fully_shard``
+to each block, then to the root; the gradients must equal DDP's.""")

@@ -1,0 +1,171 @@
+"""Lab 05, Exercise 6: FSDP2's ``fully_shard`` on parlab's GPT, gradients checked against DDP.
+
+The student writes ``shard_with_fsdp2(model, blocks)``: ``fully_shard`` on
+each transformer block, then on the root.  On every rank the check builds the
+same GPT (odd widths, so FSDP2 pads the shards), lets the answer shard it,
+runs one forward and backward on the rank's own rows of a global batch, and
+gathers every gradient with ``DTensor.full_tensor()``.  The reference is one
+process on the whole batch, which is what DDP's averaged gradients equal.
+
+The spy counts the all-gathers of the forward pass: FSDP2 gathers each
+``fully_shard`` unit with one all-gather, so a model wrapped per block and at
+the root makes ``len(blocks) + 1`` of them, one wrapped only at the root
+makes 1, and blocks grouped into one ``fully_shard(list)`` call make 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import check
+from ..runtime import device
+from .harness import Graded
+
+DATA_SEED = 23
+
+
+@dataclass(frozen=True)
+class GPTCase:
+    """parlab's GPT with these ``GPTConfig`` overrides; ``rows`` sequences per rank."""
+
+    config: tuple = field(default_factory=tuple)   # ((key, value), ...): hashable
+    rows: int = 2
+    seed: int = 4
+
+    @property
+    def cfg(self) -> dict:
+        return dict(self.config)
+
+    def describe(self, n: int) -> str:
+        c = self.cfg
+        return (f"parlab's GPT with d_model {c['d_model']}, {c['n_layer']} blocks, vocab "
+                f"{c['vocab_size']}, seq_len {c['seq_len']}"
+                f"{'' if c.get('tie_weights', True) else ', untied output layer'}, "
+                f"{self.rows} sequences per rank, world_size {n}")
+
+    def build(self) -> nn.Module:
+        from ..models import tiny_gpt
+
+        return tiny_gpt(seed=self.seed, **self.cfg)
+
+    def batch(self, n: int) -> torch.Tensor:
+        """(rows·n, seq_len + 1) token ids: inputs are [:, :-1], targets [:, 1:]."""
+        g = torch.Generator().manual_seed(DATA_SEED + n)
+        return torch.randint(0, self.cfg["vocab_size"], (self.rows * n, self.cfg["seq_len"] + 1),
+                             generator=g)
+
+
+def loss_of(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    return model(idx[:, :-1], idx[:, 1:])[1]
+
+
+def grads_of(case: GPTCase, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Single-process gradients of the mean loss over ``idx``, by parameter name."""
+    model = case.build()
+    loss_of(model, idx).backward()
+    return {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+
+
+# ---------------------------------------------------------------- on the ranks
+def run(fn, case: GPTCase, i: int, spy) -> dict:
+    """Shard with the answer, one forward and backward on this rank's rows, every full gradient."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = case.build().to(device())
+    blocks = list(model.blocks)
+    with spy.watch():
+        returned = fn(model, blocks)
+    if isinstance(returned, nn.Module):
+        model = returned
+    spy.note("wrapped", root=isinstance(model, FSDPModule), blocks=len(blocks),
+             wrapped_blocks=sum(isinstance(b, FSDPModule) for b in blocks))
+    idx = case.batch(n)[rank * case.rows:(rank + 1) * case.rows].to(device())
+    with spy.watch():
+        spy.note("forward")
+        loss = loss_of(model, idx)
+        spy.note("backward")
+        loss.backward()
+    grads = {}
+    for k, p in model.named_parameters():  # full_tensor() is a collective: outside the spy
+        g = p.grad
+        g = g.full_tensor() if hasattr(g, "full_tensor") else g
+        grads[k] = None if g is None else g.detach().cpu()
+    return {"grads": grads}
+
+
+def settle(result: dict, case: GPTCase, i: int, n: int) -> bool:
+    want = grads_of(case, case.batch(n))
+    return all(result["grads"].get(k) is not None and result["grads"][k].shape == w.shape
+               and bool(check.close_mask(result["grads"][k], w).all()) for k, w in want.items())
+
+
+# ---------------------------------------------------------------- in the grader
+def grade(g: Graded) -> str | None:
+    for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
+        idx = case.batch(g.n)
+        want = grads_of(case, idx)
+        for r, res in enumerate(g.at(i)):
+            where = f"{g.name} is wrong for {case.describe(g.n)}: on rank {r}"
+            got = res["grads"]
+            missing = [k for k, w in want.items() if got.get(k) is None or got[k].shape != w.shape]
+            if missing:
+                return (f"{where}, parameter(s) {missing} have no gradient of the model's shape "
+                        "after backward. Shard the model in place and keep its parameters.")
+            bad = [k for k, w in want.items() if not bool(check.close_mask(got[k], w).all())]
+            if bad:
+                return _wrong_grads(where, bad, got, want, case, idx, r, g.n)
+    return None
+
+
+def _wrong_grads(where, bad, got, want, case, idx, r, n) -> str:
+    head = (f"{where}, the gradients of {len(bad)} of {len(want)} parameters differ from DDP's "
+            f"(one process on the whole batch), the first {bad[0]!r}.")
+    scale = [float((got[k] * want[k]).sum() / (want[k] * want[k]).sum()) for k in bad
+             if bool(want[k].any())]
+    if n > 1 and scale and all(abs(s - n) < 1e-3 * n for s in scale):
+        return (head + f" They are {n} = world_size times too large: summed over the ranks, not "
+                "averaged. Leave FSDP2's default gradient division alone (it divides by the "
+                "world size, as DDP does).")
+    own = grads_of(case, idx[r * case.rows:(r + 1) * case.rows])
+    local = [k for k in bad if bool(check.close_mask(got[k], own[k]).all())]
+    if local:
+        return (head + f" {local} hold this rank's own gradient, never averaged over the ranks: "
+                "the parameters outside the blocks (embeddings, final norm, output layer) are "
+                "sharded and reduced only when you also call fully_shard on the root model, "
+                "after the blocks.")
+    k = bad[0]
+    i = int((~check.close_mask(got[k], want[k])).flatten().nonzero()[0])
+    return head + (f" Element {i} of it: got {float(got[k].flatten()[i]):.6g}, expected "
+                   f"{float(want[k].flatten()[i]):.6g}.")
+
+
+def _calls_between(rec: dict, start: str, end: str) -> list[dict]:
+    marks = {e["event"]: e["calls"] for e in rec["events"]}
+    return rec["calls"][marks.get(start, 0):marks.get(end, len(rec["calls"]))]
+
+
+def sharded_per_block(records, case, n) -> str | None:
+    layers = case.cfg["n_layer"]
+    for r, rec in enumerate(records):
+        gathers = [c for c in _calls_between(rec, "forward", "backward") if c["op"].startswith("all_gather")]
+        wrapped = next((e for e in rec["events"] if e["event"] == "wrapped"), {})
+        if len(gathers) != layers + 1:
+            what = ("only the root is wrapped: the whole model is one unit, gathered at once, so "
+                    "no memory is saved" if wrapped.get("wrapped_blocks") == 0 and wrapped.get("root")
+                    else "the blocks are not each their own unit")
+            return (f"rank {r}'s forward made {len(gathers)} all-gather(s) for a GPT of {layers} "
+                    f"blocks; one fully_shard per block and one on the root make {layers + 1}: "
+                    f"{what}. Call fully_shard(block) for each block, then fully_shard(model).")
+    return None
+
+
+def error_hint(text: str) -> str:
+    if "Invariant" in text or "DTensor" in text or "already" in text:
+        return ("shard the blocks first and the root last: fully_shard(model) takes every "
+                "parameter not yet sharded, the blocks' too, so a block wrapped after the root "
+                "finds its parameters already sharded.")
+    return ""
