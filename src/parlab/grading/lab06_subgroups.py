@@ -247,6 +247,6 @@ AXIS = Exercise(key="lab06.axis", answer="axis_all_reduce", run=_run_axis, grade
                 rules=(Rule(_SAYS_CREATE, same_groups_created), Rule(_SAYS_ONE, one_all_reduce_on_the_axis)),
                 on_hang=_HANG, on_error=_group_error)
 MESH = Exercise(key="lab06.mesh", answer="mesh_all_reduce", run=_run_axis, grade=_grade_axis,
-                visible=_VISIBLE, hidden=_HIDDEN, timeout=60,
+                visible=_VISIBLE, hidden=(), timeout=60,
                 rules=(Rule(_SAYS_MESH, used_device_mesh), Rule(_SAYS_ONE, one_all_reduce_on_the_axis)),
                 on_hang=_HANG, on_error=_group_error)
