@@ -303,9 +303,10 @@ class WarmGroup:
                 r = ranks_of[conn]
                 try:
                     kind, value = warm_link.read_reply(conn, rid, r)
-                    {"result": data, "error": errors, "interrupted": stopped}[kind][r] = value
                 except (EOFError, OSError, ValueError, KeyError):
-                    broken = True
+                    broken = True  # the rank stays pending: it is the one to blame
+                    continue
+                {"result": data, "error": errors, "interrupted": stopped}[kind][r] = value
                 pending.discard(r)
             job._pump()
             now = time.monotonic()
