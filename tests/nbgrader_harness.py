@@ -8,10 +8,13 @@ What it does, in a temporary course root that holds a copy of the
 repository's nbgrader_config.py (so every course setting applies: folder
 names, cell timeout, output limits):
 
-1. copies solutions/<lab>/ in and runs ``nbgrader generate_assignment <lab> --force``;
+1. copies solutions/<lab>/ in and generates the student version, as
+   ``nbgrader generate_assignment <lab> --force`` does (``scripts/release.py``);
 2. puts each student's notebook at submitted/<student>/<lab>/<notebook>.ipynb;
-3. runs ``nbgrader autograde <lab> --force`` once for all students;
+3. autogrades every student, as ``nbgrader autograde <lab> --force`` does;
 4. reads each student's scores from the gradebook (nbgrader.api.Gradebook).
+
+``autograde_labs`` does steps 1 and 3 for many labs in one process each.
 
 Every process that nbgrader starts (kernels, torchrun, ranks) inherits a
 unique PARLAB_HARNESS_TOKEN environment variable; ``leftover_processes``
@@ -64,17 +67,6 @@ def release_notebook(lab: str) -> Path:
     return REPO / "labs" / lab / source_notebook(lab).name
 
 
-def _run(args: list[str], cwd: Path, env: dict, timeout: float) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nbgrader {' '.join(args)} failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-6000:]}")
-    return time.perf_counter() - start
-
-
 def notebook_seconds(path: Path) -> float:
     """Wall time of an executed notebook, from the timings nbclient records in each cell."""
     stamps = []
@@ -115,37 +107,91 @@ def autograde(lab: str, submissions: dict[str, Path | str], workdir: Path | None
     Returns ``{student: {"score", "max_score", "cells": {grade_id: (score, max_score)},
     "seconds": notebook execution time, "autograded": path}}`` plus one entry
     ``"_run"`` with the course ``root``, the ``token`` its processes carry,
-    and ``generate_seconds`` / ``autograde_seconds`` (wall time of each command).
+    and ``generate_seconds`` / ``autograde_seconds`` (wall time of each step).
+    """
+    return autograde_labs([lab], submissions, workdir, timeout)[lab]
+
+
+def autograde_labs(labs: list[str], submissions: dict[str, Path | str], workdir: Path | None = None,
+                   timeout: float = 900) -> dict[str, dict]:
+    """``autograde`` for several labs at once: {lab: result}.
+
+    One process generates every lab and one autogrades every lab (each
+    nbgrader command costs several seconds of start-up).  A submission path
+    is used for each lab it names: pass a dict {lab: path} as the value to
+    submit a different notebook per lab, or ``RELEASED``.  ``timeout`` bounds
+    each lab's share of the autograde step.
     """
     from nbgrader.api import Gradebook
 
-    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix=f"parlab-grade-{lab}-"))
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="parlab-grade-"))
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
-    shutil.copytree(REPO / "solutions" / lab, root / "solutions" / lab,
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    for lab in labs:
+        shutil.copytree(REPO / "solutions" / lab, root / "solutions" / lab,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     token = secrets.token_hex(8)
     env = dict(os.environ, **{TOKEN_VAR: token})
     # nbgrader calls the `alembic` command when it creates gradebook.db: use this venv's.
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
 
-    gen = _run(["generate_assignment", lab, "--force"], root, env, timeout)
-    notebook = source_notebook(lab).name
-    for student, path in submissions.items():
-        dest = root / "submitted" / student / lab
-        dest.mkdir(parents=True)
-        released = root / release_script.load_config(root).CourseDirectory.release_directory / lab / notebook
-        shutil.copy(released if path == RELEASED else path, dest / notebook)
-    grade = _run(["autograde", lab, "--force"], root, env, timeout)
+    gen = _run_here("release", root, labs, env, timeout)
+    release_dir = root / release_script.load_config(root).CourseDirectory.release_directory
+    for lab in labs:
+        notebook = source_notebook(lab).name
+        for student, path in submissions.items():
+            path = path.get(lab, RELEASED) if isinstance(path, dict) else path
+            dest = root / "submitted" / student / lab
+            dest.mkdir(parents=True)
+            shutil.copy(release_dir / lab / notebook if path == RELEASED else path, dest / notebook)
+    grade = _run_here("autograde", root, labs, env, timeout * len(labs))
 
-    results: dict[str, dict] = {"_run": {"root": root, "token": token, "generate_seconds": gen,
-                                         "autograde_seconds": grade}}
     course_id = release_script.load_config(root).CourseDirectory.course_id
+    out: dict[str, dict] = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id) as gb:
-        for student in submissions:
-            sub = gb.find_submission(lab, student)
-            cells = {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
-            done = root / "autograded" / student / lab / notebook
-            results[student] = {"score": sub.score, "max_score": sub.max_score, "cells": cells,
-                                "seconds": notebook_seconds(done), "autograded": done}
-    return results
+        for lab in labs:
+            results: dict[str, dict] = {"_run": {"root": root, "token": token, "generate_seconds": gen,
+                                                 "autograde_seconds": grade, "labs": len(labs)}}
+            for student in submissions:
+                sub = gb.find_submission(lab, student)
+                cells = {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
+                done = root / "autograded" / student / lab / source_notebook(lab).name
+                results[student] = {"score": sub.score, "max_score": sub.max_score, "cells": cells,
+                                    "seconds": notebook_seconds(done), "autograded": done}
+            out[lab] = results
+    return out
+
+
+def _run_here(step: str, root: Path, labs: list[str], env: dict, timeout: float) -> float:
+    """Run this file's ``step`` for ``labs`` in a fresh Python (nbgrader's apps keep global state)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, step, str(root), *labs], cwd=root, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"nbgrader {step} {' '.join(labs)} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-6000:]}")
+    return time.perf_counter() - start
+
+
+def _autograde_all(root: Path, labs: list[str]) -> None:
+    """What ``nbgrader autograde <lab> --force`` runs, for each lab, in this one process."""
+    from nbgrader.converters import Autograde
+    from nbgrader.coursedir import CourseDirectory
+
+    release_script.use_this_python_for_tools()
+    config = release_script.load_config(root)
+    for lab in labs:
+        coursedir = CourseDirectory(config=config)
+        coursedir.assignment_id = lab
+        app = Autograde(coursedir=coursedir, config=config)
+        app.force = True
+        app.start()  # raises NbGraderException (with nbgrader's log) when a notebook fails
+
+
+if __name__ == "__main__":  # python nbgrader_harness.py release|autograde ROOT LAB...
+    step, course, *names = sys.argv[1:]
+    if step == "release":
+        release_script.release(Path(course), names)
+    else:
+        _autograde_all(Path(course), names)
