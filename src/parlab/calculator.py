@@ -76,11 +76,12 @@ class Calculator:
     def __init__(self, work: Workload):
         import ipywidgets as w
 
-        style = {"description_width": "130px"}
+        style = {"description_width": "115px"}
         m, c = work.model, work.cluster
 
-        def slider(kind, description, **kwargs):
-            return kind(description=description, style=style, continuous_update=False, **kwargs)
+        def slider(kind, description, **kwargs):  # wide enough that the value shows beside it
+            return kind(description=description, style=style, continuous_update=False,
+                        layout=w.Layout(width="330px"), **kwargs)
 
         self.scenario = w.Dropdown(options=["(custom)"] + list(planner.SCENARIOS), value="(custom)",
                                    description="scenario", style=style)
@@ -101,7 +102,8 @@ class Calculator:
                              value=work.tokens or 1e12, readout_format=".3g")
         self.tp = slider(w.SelectionSlider, "tp", options=list(range(1, 17)), value=1)
         self.pp = slider(w.SelectionSlider, "pp", options=list(range(1, 65)), value=1)
-        self.zero = w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO stage", style=style)
+        self.zero = w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO stage",
+                                    style={**style, "button_width": "44px"})
         self.micro = slider(w.SelectionSlider, "micro-batch", options=[2 ** k for k in range(0, 9)], value=1)
         self.recompute = w.Checkbox(value=False, description="recompute activations")
         self.best = w.Button(description="Best plan", button_style="primary")
@@ -121,7 +123,8 @@ class Calculator:
                               self.batch, self.tokens])
         plan_box = w.VBox([w.HTML("<b>Plan</b> (dp = GPUs / (tp·pp))"), self.tp, self.pp, self.zero,
                            self.micro, self.recompute, self.best])
-        self.box = w.VBox([self.scenario, w.HBox([model_box, cluster_box, plan_box]), self.plot, self.summary])
+        columns = w.HBox([model_box, cluster_box, plan_box], layout=w.Layout(flex_flow="row wrap"))
+        self.box = w.VBox([self.scenario, columns, self.plot, self.summary])
         self.choose_best()
 
     def _ipython_display_(self) -> None:
