@@ -4,7 +4,7 @@ a message that names its mistake.
 
 The coordinate exercises are graded in this process.  The all-reduces and the DP sync go
 through ``harness.grade_batch``: one launch per world size for all answers at once
-(visible: 4 ranks; hidden: 6).  The answer that creates only its own group crashes or
+(visible: 4 ranks; hidden: 2).  The answer that creates only its own group crashes or
 waits on some ranks, so it runs alone, through the public check, with a short timeout.
 """
 import pytest

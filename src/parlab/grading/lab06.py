@@ -9,7 +9,7 @@
 
 The coordinate exercises are pure functions, graded without a launch, on
 many mesh shapes (``lab06_coords``).  The all-reduces run on 4 ranks (2 × 2,
-4 × 1, 1 × 4) and, hidden (not the DeviceMesh one), on 6 (3 × 2, 2 × 3); a spy notes which
+4 × 1, 1 × 4) and, hidden (not the DeviceMesh one), on 2 (2 × 1, 1 × 2); a spy notes which
 groups were created and which group each collective used
 (``lab06_subgroups``).  ``sync_dp_grads`` trains parlab's GPT on such meshes
 against one process (``lab06_sync``).  The strategy planner of the lab's

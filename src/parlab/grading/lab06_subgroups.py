@@ -226,7 +226,7 @@ def _cases(dp: int, tp: int, shapes=((3,), (2, 2))) -> tuple:
 
 
 _VISIBLE = ((4, _cases(2, 2) + _cases(4, 1, ((2,), (1,))) + _cases(1, 4, ((1, 3), (5,)))),)
-_HIDDEN = ((6, _cases(3, 2, ((4,), (2, 3))) + _cases(2, 3, ((3, 1), (2,)))),)
+_HIDDEN = ((2, _cases(2, 1, ((4,), (2, 3))) + _cases(1, 2, ((3, 1), (2,)))),)
 _HANG = ("the ranks waited for each other. " + CREATE_ALL
          + " (Creating only your own group is the classic mistake.)")
 _SAYS_CREATE = ("Every rank calls `dist.new_group` for every group along the axis, in the same order, "

@@ -161,7 +161,7 @@ def error_hint(text: str) -> str:
 
 
 _VISIBLE = ((4, (SyncCase(2, 2), SyncCase(4, 1), SyncCase(1, 4))),)
-_HIDDEN = ((6, (SyncCase(3, 2), SyncCase(2, 3, steps=3, rows=1))),)
+_HIDDEN = ((2, (SyncCase(2, 1, steps=3, rows=3), SyncCase(1, 2))),)
 
 SYNC = Exercise(key="lab06.sync", answer="sync_dp_grads", run=_run, grade=_grade,
                 visible=_VISIBLE, hidden=_HIDDEN, timeout=90,
