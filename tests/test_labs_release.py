@@ -119,6 +119,12 @@ def dirty_cells(nb) -> list[str]:
             if cell.cell_type == "code" and (cell.outputs or cell.execution_count is not None)]
 
 
+def _ungraded_on_purpose(cell) -> bool:
+    """An answer cell the lab fills with the student's own code from an earlier lab (graded
+    there): its metadata says why, as ``{"parlab": {"ungraded": "<reason>"}}``."""
+    return bool(str(cell.get("metadata", {}).get("parlab", {}).get("ungraded", "")).strip())
+
+
 def structure_problems(nb) -> list[str]:
     """Each answer cell defines a function, has a solution region, and is followed (before
     the next answer) by a locked test cell with points that names it and has a visible
@@ -137,7 +143,7 @@ def structure_problems(nb) -> list[str]:
         stop = answers[n + 1] if n + 1 < len(answers) else len(cells)
         tests = [c for c in cells[i + 1:stop]
                  if is_test(c) and any(re.search(rf"\b{name}\b", c.source) for name in names)]
-        if names and not tests:
+        if names and not tests and not _ungraded_on_purpose(cells[i]):
             problems.append(f"no graded test cell checks {names} (answer cell {cid})")
         for t in tests:
             meta = nbgrader_meta(t)

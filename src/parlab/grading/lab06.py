@@ -6,6 +6,8 @@
     lab06.check_axis_all_reduce(axis_all_reduce)   # Exercise 2a: all-reduce along one axis, new_group
     lab06.check_mesh_all_reduce(mesh_all_reduce)   # Exercise 2b: the same with a DeviceMesh
     lab06.check_sync_dp_grads(sync_dp_grads)   # Exercise 3: average gradients over the DP group only
+    lab06.check_memory_per_gpu(memory_per_gpu) # Exercise 4: bytes per GPU under a plan
+    lab06.check_choose(choose)                 # Exercise 5: the planner
 
 The coordinate exercises are pure functions, graded without a launch, on
 many mesh shapes (``lab06_coords``).  The all-reduces run on 4 ranks (2 × 2,
@@ -19,14 +21,16 @@ from __future__ import annotations
 
 from .harness import checker
 from .lab06_coords import COORDS, GROUPS, RANK_OF
+from .lab06_planner import CHOOSE, MEMORY, check_choose, check_memory_per_gpu
 from .lab06_subgroups import AXIS, MESH
 from .lab06_sync import SYNC
 
 __all__ = ["check_coords", "check_rank_of", "check_groups", "check_axis_all_reduce",
-           "check_mesh_all_reduce", "check_sync_dp_grads", "EXERCISES"]
+           "check_mesh_all_reduce", "check_sync_dp_grads", "check_memory_per_gpu", "check_choose",
+           "EXERCISES"]
 
 EXERCISES = {"coords": COORDS, "rank_of": RANK_OF, "groups": GROUPS, "axis": AXIS, "mesh": MESH,
-             "sync": SYNC}
+             "sync": SYNC, "memory": MEMORY, "choose": CHOOSE}
 
 check_coords = checker(COORDS, """Exercise 1a: ``coords(rank, pp, dp, tp)`` -> (p, d, t) with TP
 innermost: rank = p·(dp·tp) + d·tp + t.""")

@@ -270,7 +270,7 @@ CHOOSE = Exercise(
                 _explains_each_axis)),
     timeout=120)
 
-check_memory_per_gpu = checker(MEMORY, """Exercise: ``memory_per_gpu(plan, model)`` -> bytes the GPU
+check_memory_per_gpu = checker(MEMORY, """Exercise 4: ``memory_per_gpu(plan, model)`` -> bytes the GPU
 holding pipeline stage 0 needs (model states under ZeRO plus activations under 1F1B).""")
-check_choose = checker(CHOOSE, """Exercise: ``choose(work)`` -> the fastest ``planner.Plan`` that fits
+check_choose = checker(CHOOSE, """Exercise 5: ``choose(work)`` -> the fastest ``planner.Plan`` that fits
 ``work`` (a ``planner.Workload``), with a one-line reason per axis, or None when nothing fits.""")
