@@ -10,6 +10,8 @@ submodules that are imported on first use, so ``import parlab`` stays cheap:
 - ``parlab.reference`` single-process reference training steps
 - ``parlab.check``     comparison helpers used by the autograder
 - ``parlab.cost``      memory / communication / time cost models
+- ``parlab.planner``   memory and step time of a (dp, tp, pp) plan; the fastest plan that fits
+- ``parlab.calculator`` the planner as ipywidgets sliders
 - ``parlab.trace``     per-rank spans, collective byte counting, memory
 - ``parlab.viz``       figures (collectives, Gantt charts, memory, bandwidth, mesh)
 - ``parlab.grading``   the labs' autograder checks
@@ -33,7 +35,8 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_SUBMODULES = {"models", "data", "reference", "check", "cost", "trace", "viz", "grading"}
+_SUBMODULES = {"models", "data", "reference", "check", "cost", "planner", "calculator", "trace", "viz",
+               "grading"}
 
 
 def __getattr__(name):
