@@ -4,7 +4,8 @@
 paths.  Each figure is either an exact diagram, a formula evaluated by
 ``parlab.cost``, or an *ideal* schedule computed here; none is a measurement,
 and each one's title says which it is.  ``slides/make_figures.py`` draws the
-rest with ``parlab.viz`` (collectives, meshes, training memory, time to train).
+rest with ``parlab.viz`` (collectives, meshes, training memory, time to train);
+``slides/planner_figures.py`` the scenarios and the calculator, from ``parlab.planner``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle  # noqa: E402
 from parlab import cost, viz  # noqa: E402
 from parlab.parallel.mesh import Mesh  # noqa: E402
 
+import planner_figures  # noqa: E402  (slides/planner_figures.py, next to this file)
 import schedules  # noqa: E402  (slides/schedules.py, next to this file)
 
 GB = 1e9
@@ -417,6 +419,7 @@ FIGURES = {
     "mesh_on_nodes": mesh_on_nodes,
     "dgx_h100": dgx_h100,
     "four_axes": four_axes,
+    **planner_figures.FIGURES,  # the scenarios and the calculator, from parlab.planner
 }
 
 

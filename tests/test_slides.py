@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from parlab import cost
+from parlab import cost, planner
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +44,21 @@ def built(tmp_path_factory):
 
 def _deck_cells():
     return json.loads((SLIDES / "lecture.ipynb").read_text(encoding="utf-8"))["cells"]
+
+
+def _notes(title: str) -> str:
+    """The speaker notes of the slide whose heading is ``## title``."""
+    cells = _deck_cells()
+    starts = [i for i, c in enumerate(cells) if "".join(c["source"]).startswith(f"## {title}\n")]
+    assert len(starts) == 1, f"{len(starts)} slides titled {title!r}: update this test with the slide"
+    out = []
+    for cell in cells[starts[0] + 1:]:
+        kind = cell["metadata"].get("slideshow", {}).get("slide_type", "-")
+        if kind in ("slide", "subslide"):
+            break
+        if kind == "notes":
+            out.append("".join(cell["source"]))
+    return "\n".join(out)
 
 
 def _slides():
@@ -127,7 +142,7 @@ def test_lab_references_name_real_exercises_or_say_coming():
 def test_every_content_slide_with_a_lab_topic_names_its_lab():
     """Slides after the opening that are not section dividers carry a lab line, except the
     few that are about no single lab (listed here on purpose)."""
-    general = {"What each axis splits", "What each axis costs", "Choosing the axes",
+    general = {"What each axis splits", "What each axis costs",
                "One DGX H100 node", "What to remember", "References", "Today",
                "Parallelism fundamentals for training", "Running the labs on the DGX"}
     for i, text in enumerate(_slides(), start=1):
@@ -136,6 +151,15 @@ def test_every_content_slide_with_a_lab_topic_names_its_lab():
         if divider or title in general:
             continue
         assert re.search(r"Lab \d\d", text), f"slide {i} ({title!r}) names no lab"
+
+
+def _best(name: str) -> planner.Prediction:
+    found = planner.search(planner.SCENARIOS[name])
+    assert found is not None, f"the planner finds no plan for {name!r} any more: update the scenario slide"
+    return found
+
+
+_70B_8, _70B_64, _15T = "70B on 8 H100s", "70B on 64 H100s", "70B on 15T tokens (2048 H100s)"
 
 
 @pytest.mark.parametrize("snippet, value", [
@@ -148,16 +172,127 @@ def test_every_content_slide_with_a_lab_topic_names_its_lab():
     ("| 0.47 GB |", cost.comm_bytes(cost.tp_comm_elems_per_layer(1, 4096, 8192, 8)) / 1e9),
     ("| 27.3 % |", 100 * cost.bubble_fraction(4, 8)),
     ("**180 days**", cost.time_to_train(70e9, 15e12, 1024) / cost.SECONDS_PER_DAY),
+    # the scenario slide, against parlab.planner (callables: evaluated when the test runs)
+    ("**1,120 GB** of model states (16 B × 70B) > **640 GB** in the node",
+     lambda: [cost.training_bytes(planner.SCENARIOS[_70B_8].model.params).total / 1e9, 16,
+              planner.SCENARIOS[_70B_8].model.params / 1e9,
+              planner.SCENARIOS[_70B_8].cluster.gpus * planner.SCENARIOS[_70B_8].cluster.memory / 1e9]),
+    ("**tp = 2 × pp = 16 × dp = 2**", lambda: [_best(_70B_64).plan.tp, _best(_70B_64).plan.pp,
+                                               _best(_70B_64).plan.dp]),
+    ("**15T tokens on 2,048 GPUs: ≈ 131 days.**",
+     lambda: [planner.SCENARIOS[_15T].tokens / 1e12, planner.SCENARIOS[_15T].cluster.gpus,
+              planner.time_to_train(_best(_15T).plan, planner.SCENARIOS[_15T]) / cost.SECONDS_PER_DAY]),
 ])
-def test_numbers_on_the_slides_are_parlab_cost_numbers(snippet, value):
+def test_numbers_on_the_slides_are_parlab_numbers(snippet, value):
     deck = "\n".join(_slides())
     assert snippet in deck, f"{snippet!r} is no longer on any slide: update this test with the slide"
+    value = value() if callable(value) else value
     shown = [float(x.replace(",", "")) for x in re.findall(r"\d[\d,]*\.?\d*", snippet)]
     expected = value if isinstance(value, list) else [value]
     assert len(shown) == len(expected), (shown, expected)
     for s, e in zip(shown, expected):
         digits = len(str(s).split(".")[1].rstrip("0")) if "." in str(s) else 0
-        assert abs(s - e) <= 0.51 * 10 ** -digits, f"slide says {s}, parlab.cost gives {e:.4g}"
+        assert abs(s - e) <= 0.51 * 10 ** -digits, f"slide says {s}, parlab gives {e:.4g}"
+
+
+def test_the_scenario_slides_claims_hold_in_the_planner():
+    """What the scenario slide and its notes say in words, checked against parlab.planner."""
+    slide = next(t for t in _slides() if t.startswith("## What the planner says"))
+    notes = _notes("What the planner says: six scenarios on H100s")
+    work8, work64 = planner.SCENARIOS[_70B_8], planner.SCENARIOS[_70B_64]
+    # "70B on 8 GPUs does not fit, whatever the layout": every GPU holds at least 16Ψ/N of states
+    assert "does not fit, whatever the layout" in slide and planner.search(work8) is None
+    floor = cost.zero_memory_per_gpu(work8.model.params, work8.cluster.gpus, 3)
+    assert f"1,120 / 8 = {floor / 1e9:.0f} GB" in notes and floor > work8.cluster.memory
+    figures = _load("parlab_slides_planner_figures", SLIDES / "planner_figures.py")
+    closest = figures.closest_candidate(work8).plan
+    assert "ZeRO-3 over all 8 GPUs, with recomputation" in notes
+    assert (closest.zero, closest.dp, closest.recompute) == (3, work8.cluster.gpus, True), closest
+    # "70B on 64 fits only with recomputation"
+    assert "70B on 64** fits only with recomputation" in slide
+    assert _best(_70B_64).plan.recompute
+    assert all(planner.problems(p, work64) for p in planner.candidates(work64) if not p.recompute)
+    # the old rule of thumb (tp = 8, ZeRO-3 over dp = 8, recompute) fits but is predicted slower,
+    # with a larger TP share of the step (these notes and the calculator slide's)
+    assert "tp = 8 × FSDP (ZeRO-3) over dp = 8 with recomputation, also fits, but the planner predicts " \
+           "it slower" in notes
+    assert "set tp = 8, pp = 1 and ZeRO-3. The layout still fits, the TP share of the step grows" \
+           in _notes("A calculator to keep")
+    batch = work64.global_batch // 8
+    old = planner.predict(planner.Plan(dp=8, tp=8, pp=1, zero=3, micro_batch=1, accum=batch,
+                                       recompute=True), work64)
+    best = _best(_70B_64)
+    assert old.fits and old.tokens_per_second < best.tokens_per_second
+    assert old.time["tp"] / old.time["total"] > best.time["tp"] / best.time["total"]
+    # Meta's 6.4M H100-hours on 2,048 GPUs: "about 130 days"
+    assert "6.4M H100-hours" in notes and "about 130 days on 2,048 GPUs" in notes
+    assert round(6.4e6 / 2048 / 24, -1) == 130
+
+
+def _figures_module():
+    return _load("parlab_slides_planner_figures", SLIDES / "planner_figures.py")
+
+
+def _texts(fig) -> str:
+    return "\n".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+
+
+def _bar_widths(ax) -> dict[float, list[float]]:
+    """Widths of the horizontal bars of ``ax`` by row, left to right."""
+    from matplotlib.patches import Rectangle
+
+    rows = {}
+    for patch in sorted(ax.patches, key=lambda p: p.get_x()):
+        if isinstance(patch, Rectangle):
+            rows.setdefault(round(patch.get_y() + patch.get_height() / 2, 6), []).append(patch.get_width())
+    return rows
+
+
+def test_scenario_figure_is_the_planners_best_plan_for_every_scenario():
+    figures = _figures_module()
+    rows = figures.scenario_rows()
+    assert [r.name for r in rows] == list(planner.SCENARIOS)
+    for row in rows:
+        assert row.best == planner.search(row.work), row.name
+        if row.best is None:  # what the figure draws instead: a plan that fails on memory alone
+            assert row.closest.problems and len(row.closest.problems) == 1
+            assert sum(row.closest.memory.values()) > row.work.cluster.memory
+    assert [r.name for r in rows if r.best is None] == [_70B_8]
+    fig = figures.scenario_plans(rows)
+    bars, side = fig.axes[0], fig.axes[1]
+    widths = _bar_widths(bars)
+    assert sorted(widths) == list(range(len(rows)))
+    for y, row in enumerate(rows):
+        expected = [row.shown.memory[k] / 1e9 for k in figures.KINDS]
+        assert widths[y] == pytest.approx(expected), row.name
+    text = _texts(side)
+    for row in rows:
+        if row.best is not None:
+            assert str(row.best.plan) in text and f"{row.best.tokens_per_second:,.0f} tokens/s" in text
+        else:
+            assert str(row.closest.plan) in text and "nothing fits: 1,120 GB of model states > 640 GB" in text
+    days = rows[list(planner.SCENARIOS).index(_15T)].days
+    assert f"15T tokens in {days:,.0f} days" in text
+    assert figures.overflow_inches(fig) == 0, "text runs past the figure's edge"
+
+
+def test_calculator_slide_shows_what_its_code_line_opens():
+    from parlab.calculator import report
+
+    figures = _figures_module()
+    slide = next(t for t in _slides() if t.startswith("## A calculator to keep"))
+    assert f'calculator("{figures.CALCULATOR_SCENARIO}")' in slide
+    assert "from parlab.calculator import calculator" in slide
+    work = planner.SCENARIOS[figures.CALCULATOR_SCENARIO]
+    best = planner.search(work)
+    _, html = report(best.plan, work)
+    fig = figures.calculator_report()
+    [ax] = fig.axes
+    assert _bar_widths(ax)[0] == pytest.approx([v / 1e9 for v in best.memory.values()])
+    lines = figures.report_lines(html)
+    assert len(lines) >= 2 and lines[0].startswith("fits")
+    assert all(line in _texts(fig) for line in lines)
+    assert figures.overflow_inches(fig) == 0, "text runs past the figure's edge"
 
 
 def test_ideal_schedules_have_the_formula_bubble_and_memory():

@@ -5,7 +5,7 @@ file://, so nothing is served and any attempt to reach the network shows up
 as a request that is not file:.  It steps through every slide with reveal's
 API and fails on a JavaScript error, a console error, a failed or remote
 request, a broken image, or a slide whose content is taller than the slide.
-Screenshots of the first slide and of three chosen ones go to
+Screenshots of the first slide and of the chosen ones (CHOSEN) go to
 test-artifacts/slides/ (git-ignored) for a person to look at.  A second test
 prints the PDF handout as ``make slides`` does and counts its pages.
 
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "slides"
-# the first slide, and three that carry the deck's densest figures
+# besides the first slide: those that carry the deck's densest figures
 CHOSEN = ("Ring all-reduce, step by step", "GPipe and 1F1B: same bubble, less memory",
-          "Choosing the axes")
+          "9 · Practical scenarios: choosing the axes", "What the planner says: six scenarios on H100s",
+          "A calculator to keep")
 SLACK_PX = 4  # rounding in reveal's layout
 
 
