@@ -224,6 +224,13 @@ def test_the_scenario_slides_claims_hold_in_the_planner():
     best = _best(_70B_64)
     assert old.fits and old.tokens_per_second < best.tokens_per_second
     assert old.time["tp"] / old.time["total"] > best.time["tp"] / best.time["total"]
+    # activations fill most of the 1.3B plan's GPU; 7B at 32k tokens fits only with recomputation
+    assert "Activations, not model states, fill most of the 1.3B plan's GPU, and 7B at 32k tokens fits " \
+           "only with recomputation" in notes
+    small = _best("1.3B fits one GPU (8 H100s)").memory
+    assert small["activations"] > sum(small.values()) / 2
+    long = planner.SCENARIOS["7B, 32k-token sequences (64 H100s)"]
+    assert all(planner.problems(p, long) for p in planner.candidates(long) if not p.recompute)
     # Meta's 6.4M H100-hours on 2,048 GPUs: "about 130 days"
     assert "6.4M H100-hours" in notes and "about 130 days on 2,048 GPUs" in notes
     assert round(6.4e6 / 2048 / 24, -1) == 130
