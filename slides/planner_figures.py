@@ -73,9 +73,10 @@ def _row_text(row: ScenarioRow) -> tuple[str, str]:
     """(first line, second line) of the column beside the bars."""
     c = row.work.cluster
     if row.best is None:
-        states = cost.training_bytes(row.work.model.params).total
-        return (f"nothing fits: {states / GB:,.0f} GB of model states > {c.gpus * c.memory / GB:,.0f} GB "
-                f"on {c.gpus} GPUs", f"closest: {row.closest.plan}")
+        states, total = cost.training_bytes(row.work.model.params).total, c.gpus * c.memory
+        why = (f"{states / GB:,.0f} GB of model states > {total / GB:,.0f} GB on {c.gpus} GPUs"
+               if states > total else f"every layout needs more than {c.memory / GB:.0f} GB per GPU")
+        return f"nothing fits: {why}", f"closest: {row.closest.plan}"
     line = f"{sum(row.best.memory.values()) / GB:.1f} GB · {row.best.tokens_per_second:,.0f} tokens/s"
     if row.days is not None:
         line += f" · {row.work.tokens / 1e12:g}T tokens in {row.days:,.0f} days"
