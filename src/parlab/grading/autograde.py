@@ -10,11 +10,15 @@ may have replaced the check, ``parlab``, torch or a builtin.  So while a
 submission is graded, the checks in the kernel only say that they were
 recorded (``PARLAB_AUTOGRADE`` is set).  After each graded test cell this
 preprocessor reads the ``labNN.check_x(answer, hidden=...)`` calls from
-the restored source, has the kernel pickle each ``answer`` by value into a
-file, and runs ``python -m parlab.grading.sandbox`` on it: a fresh process
-that imports the checks itself, unpickles the answer only on the ranks, and
-takes back only plain data.  The cell's outputs are replaced by the
-sandbox's: its printout, and an ``AssertionError`` when the answer failed.
+the restored source and has the kernel pickle each ``answer`` by value into
+a file, right then.  Once the notebook has run, one
+``python -m parlab.grading.sandbox`` process grades every test cell's
+answers: a fresh process that imports the checks itself, unpickles the
+answers only on the ranks (one launch per answer, as in a notebook), and
+takes back only plain data.  Each test cell's outputs are replaced by what
+the sandbox printed for it, and an ``AssertionError`` when its answer failed.
+(One sandbox for the whole notebook, not one per cell, saves a process
+start-up and ``import torch`` per test cell.)
 Whatever the kernel did to itself, it cannot change that verdict; at most
 it can hand in a different answer, which is then what gets graded.
 
@@ -91,10 +95,13 @@ class GuardedExecute(Execute):
     def preprocess(self, nb, resources=None, km=None):
         self._workdir = tempfile.mkdtemp(prefix="parlab-autograde-")
         self._killers: set[int] = set()
+        self._pending: list[tuple[int, list[dict]]] = []  # test cells whose answers were handed in
         saved = os.environ.get(AUTOGRADE_ENV)
         os.environ[AUTOGRADE_ENV] = self._workdir  # inherited by the kernel it starts
         try:
-            return super().preprocess(nb, resources, km)
+            nb, resources = super().preprocess(nb, resources, km)
+            self._grade_pending(nb)
+            return nb, resources
         finally:
             if saved is None:
                 os.environ.pop(AUTOGRADE_ENV, None)
@@ -117,27 +124,42 @@ class GuardedExecute(Execute):
         if _is_test_cell(cell):
             calls = graded_calls(cell.source)
             if calls:
-                cell.outputs = self._grade(calls, index)
+                problem = self._hand_in(calls, index)
+                cell.outputs = [_error("AssertionError", problem)] if problem else []
+                if not problem:
+                    self._pending.append((index, calls))  # graded once the notebook has run
                 # nbclient's execute_cell stores the cell it ran at nb.cells[index]: the
                 # hand-in probes replaced this test cell there, so put it back.
                 self.nb.cells[index] = cell
         return cell, self.resources
 
     # ------------------------------------------------------------ sandbox
-    def _grade(self, calls: list[dict], index: int) -> list:
-        """The test cell's new outputs: the sandbox's printout, and an error if an answer failed."""
+    def _hand_in(self, calls: list[dict], index: int) -> str | None:
+        """Pickle each call's answer from the kernel as it is now; a message if one could not be."""
         for k, call in enumerate(calls):
             call["payload"] = os.path.join(self._workdir, f"cell{index}-{k}.pkl")
             problem = self._dump(call["answer"], call["payload"], index)
             if problem:
-                return [_error("AssertionError", problem)]
-        verdicts, printed = self._sandbox(calls, index)
-        outputs = [_stdout(printed)] if printed else []
-        failed = [v for v in verdicts if not v["passed"]]
-        if failed or len(verdicts) < len(calls):
-            message = failed[0]["message"] if failed else "the grader stopped before every check ran."
-            outputs.append(_error("AssertionError", message))
-        return outputs
+                return problem
+        return None
+
+    def _grade_pending(self, nb) -> None:
+        """Grade every handed-in test cell in one sandbox and put its verdict in the cell."""
+        if not self._pending:
+            return
+        results, crash = self._sandbox(self._pending)
+        for index, calls in self._pending:
+            got = results.get(index)
+            if got is None:
+                nb.cells[index].outputs = [_error("AssertionError", crash)]
+                continue
+            verdicts, printed = got["verdicts"], got["printed"]
+            outputs = [_stdout(printed)] if printed else []
+            failed = [v for v in verdicts if not v["passed"]]
+            if failed or len(verdicts) < len(calls):
+                message = failed[0]["message"] if failed else "the grader stopped before every check ran."
+                outputs.append(_error("AssertionError", message))
+            nb.cells[index].outputs = outputs
 
     def _dump(self, answer: str, path: str, index: int) -> str | None:
         """Have the kernel pickle ``answer`` by value into ``path``; a message if it could not."""
@@ -158,31 +180,33 @@ class GuardedExecute(Execute):
         return (f"{answer} could not be handed in for grading{why}. Did the cell that defines it "
                 "run without an error?")
 
-    def _sandbox(self, calls: list[dict], index: int) -> tuple[list[dict], str]:
-        """Run one sandbox process over the cell's calls: (verdicts, what it printed)."""
-        request = os.path.join(self._workdir, f"cell{index}.json")
+    def _sandbox(self, cells: list[tuple[int, list[dict]]]) -> tuple[dict, str]:
+        """One sandbox process over every cell's calls: ({cell index: result}, why any is missing)."""
+        request = os.path.join(self._workdir, "request.json")
         verdict_path = request + ".verdict"
         with open(request, "w") as f:
-            json.dump({"calls": [{"lab": c["lab"], "check": c["check"], "hidden": c["hidden"],
-                                  "name": c["answer"], "payload": c["payload"]} for c in calls],
+            json.dump({"cells": [{"key": index,
+                                  "calls": [{"lab": c["lab"], "check": c["check"], "hidden": c["hidden"],
+                                             "name": c["answer"], "payload": c["payload"]} for c in calls]}
+                                 for index, calls in cells],
                        "verdict": verdict_path}, f)
         env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
+        limit = self.timeout * len(cells) if self.timeout else None
         proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:
-            out, _ = proc.communicate(timeout=self.timeout)
+            out, _ = proc.communicate(timeout=limit)
+            crash = f"the grader could not finish (exit code {proc.returncode}):\n{out[-3000:]}"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # the sandbox's own session: it and its ranks
-            out, _ = proc.communicate()
-            return [{"passed": False, "message": f"grading took longer than {self.timeout} s "
-                     "and was stopped."}], out
+            proc.communicate()
+            crash = f"grading took longer than {self.timeout} s per test cell and was stopped."
         try:
-            with open(verdict_path) as f:
-                return json.load(f), out
+            with open(verdict_path) as f:  # written after each cell: what finished is kept
+                return {r["key"]: r for r in json.load(f)}, crash
         except (OSError, ValueError):
-            return [{"passed": False, "message": "the grader could not finish (exit code "
-                     f"{proc.returncode}):\n{out[-3000:]}"}], ""
+            return {}, crash
 
     def _execute_aside(self, cell, index: int) -> None:
         """Run ``cell`` in the kernel without it taking the place of notebook cell ``index``.

@@ -1,19 +1,23 @@
 """Grade handed-in answers in a fresh process: ``python -m parlab.grading.sandbox REQUEST.json``.
 
-Started by ``parlab.grading.autograde`` once per test cell.  The request
-lists the cell's check calls in order; each names the lab, the check,
-whether it is the hidden one, the answer's name and the file holding the
-answer pickled by value.  Grading stops at the first call that fails.  This
-process imports the checks itself (nothing from the student's kernel
-reaches it), never unpickles the answer (only the ranks do), and gets back
-only plain data from the ranks (``launch(..., plain_results=True)``).  It
-writes a list of ``{"passed": bool, "message": str}``, one per call graded,
-to the request's verdict path;
-what the ranks print goes to stdout, which the preprocessor shows in the cell.
+Started by ``parlab.grading.autograde`` once per notebook, after it ran.
+The request lists the test cells, each with its check calls in order; each
+call names the lab, the check, whether it is the hidden one, the answer's
+name and the file holding the answer pickled by value.  Within a cell,
+grading stops at the first call that fails.  This process imports the
+checks itself (nothing from the student's kernel reaches it), never
+unpickles an answer (only the ranks do, one launch per answer), and gets
+back only plain data from the ranks (``launch(..., plain_results=True)``).
+After each cell it rewrites the request's verdict path with a list of
+``{"key": cell key, "verdicts": [{"passed": bool, "message": str}, ...],
+"printed": what the cell's grading printed}``, so a cell that never
+finishes leaves the earlier cells' verdicts in place.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import re
 import sys
@@ -41,19 +45,32 @@ def grade_request(request: dict) -> dict:
     return {"passed": True, "message": summary(exercise, name, hidden)}
 
 
+def grade_cell(calls: list[dict]) -> list[dict]:
+    """The verdicts of one test cell's calls, stopping at the first that fails."""
+    verdicts: list[dict] = []
+    for call in calls:
+        try:
+            verdicts.append(grade_request(call))
+        except Exception as exc:  # noqa: BLE001 - the grader's own failure, not the answer's
+            verdicts.append({"passed": False, "message": f"the grader failed: {type(exc).__name__}: {exc}"})
+        if not verdicts[-1]["passed"]:
+            break
+        print(verdicts[-1]["message"], flush=True)
+    return verdicts
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.splitlines()[0])
         return 2
     request = json.loads(Path(argv[0]).read_text())
-    verdicts: list[dict] = []
-    for call in request["calls"]:
-        verdicts.append(grade_request(call))
-        if verdicts[-1]["passed"]:
-            print(verdicts[-1]["message"], flush=True)
-        if not verdicts[-1]["passed"]:
-            break
-    Path(request["verdict"]).write_text(json.dumps(verdicts))
+    done: list[dict] = []
+    for cell in request["cells"]:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            verdicts = grade_cell(cell["calls"])
+        done.append({"key": cell["key"], "verdicts": verdicts, "printed": printed.getvalue()})
+        Path(request["verdict"]).write_text(json.dumps(done))
     return 0
 
 
