@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from parlab import cost, planner  # noqa: E402
-from parlab.calculator import _COLORS as KIND_COLORS  # noqa: E402  (the calculator's colours, so both slides read alike)
+from parlab.calculator import KIND_COLORS  # noqa: E402  (the calculator's colours, so both slides read alike)
 from parlab.calculator import report  # noqa: E402
 
 GB = 1e9

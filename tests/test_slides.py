@@ -132,6 +132,8 @@ def test_lab_references_name_real_exercises_or_say_coming():
                 if lab not in labs:
                     assert "coming" in line, f"slide {i} cites Lab {lab}, which does not exist yet, " \
                                              f"without saying '(coming)': {line!r}"
+                else:
+                    assert f"Lab {lab} (coming)" not in line, f"slide {i}: Lab {lab} exists now: {line!r}"
             for lab, what in re.findall(r"Lab (\d\d), (Exercises? [\w–, and]+)", line):
                 assert lab in labs, f"slide {i}: {line!r}"
                 for ex in re.findall(r"\d+[a-z]?", what):

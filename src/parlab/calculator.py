@@ -25,7 +25,8 @@ from .planner import Cluster, ModelSpec, Plan, Workload
 
 __all__ = ["calculator", "report", "Calculator"]
 
-_COLORS = {"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
+KIND_COLORS = {  # one colour per kind of memory, shared with the slides
+"weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
 
 
 def _with(options: list, value) -> list:
@@ -45,7 +46,7 @@ def report(plan: Plan, work: Workload):
     fig, ax = plt.subplots(figsize=(7.5, 2.3))
     left = 0.0
     for kind, value in guess.memory.items():
-        ax.barh([0], [value / 1e9], left=left, color=_COLORS[kind], label=f"{kind} {value / 1e9:.1f}")
+        ax.barh([0], [value / 1e9], left=left, color=KIND_COLORS[kind], label=f"{kind} {value / 1e9:.1f}")
         left += value / 1e9
     cap = work.cluster.memory / 1e9
     ax.axvline(cap, color="black", lw=2, ls="--")
