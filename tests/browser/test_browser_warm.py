@@ -72,6 +72,7 @@ def test_warm_group_keeps_state_between_rank_cells_and_stop_leaves_no_process(op
     stop = nb.add_cell("%parlab stop")
     nb.run_and_wait(stop, timeout=60)
     nb.screenshot("warm-after-stop", stop)
+    expect(nb.outputs(stop)).to_contain_text("parlab: the 3 warm ranks stopped")
     deadline = time.monotonic() + 10  # stop() ends what is left by pid before it returns
     while (left := started & lab_server.processes()) and time.monotonic() < deadline:
         time.sleep(0.2)

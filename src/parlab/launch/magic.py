@@ -124,9 +124,13 @@ def parlab_line(line: str, ipython=None):
         return None
     if action in ("names", "reset", "restart", "stop") and not rest:
         if action == "stop" and warm._current is None:
+            print("parlab: no warm group is running")
             return None
         group = warm.current()
-        return getattr(group, action)()
+        result = getattr(group, action)()
+        if action == "stop":
+            print(f"parlab: the {group.nproc} warm ranks stopped")
+        return result
     raise ValueError(f"%parlab: cannot read {line!r}. {_PARLAB_USAGE}")
 
 
