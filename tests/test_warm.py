@@ -283,3 +283,16 @@ def test_stop_ends_every_process_and_removes_the_folder(group):
     with pytest.raises(LaunchError, match="stopped"):
         group.run(whoami, 1)
     group.stop()  # twice is fine
+
+
+def debug_level():
+    import os
+
+    import torch.distributed as dist
+
+    return os.environ.get("TORCH_DISTRIBUTED_DEBUG"), dist.get_debug_level().name
+
+
+def test_the_diagnostic_mode_reaches_the_warm_ranks():
+    with parlab.start(nproc=2, debug=True, timeout=60) as g:
+        assert g.run(debug_level) == [("DETAIL", "DETAIL")] * 2
