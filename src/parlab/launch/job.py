@@ -40,9 +40,7 @@ class Job:
         self.nproc, self.backend = options.choose_backend(nproc, backend)
         self.timeout = options.check_timeout(timeout)
         self.extra_env = options.check_env(env)
-        if debug is None:
-            debug = os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
-        self.debug = bool(debug)
+        self.debug = options.check_debug(debug)
         self.seed = int(seed)
         self.plain_results = bool(plain_results)
         self.task_bytes = options.pickle_task(task)

@@ -145,3 +145,10 @@ def notebook_sources() -> tuple[dict, dict]:
         if entry and entry[2]:
             sources[name] = "".join(entry[2])
     return sources, labels
+
+
+def check_debug(debug) -> bool:
+    """The diagnostic mode: ``debug`` when given, else whether PARLAB_DEBUG is set (and not 0)."""
+    if debug is None:
+        return os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
+    return bool(debug)

@@ -80,9 +80,7 @@ class WarmGroup:
         self.nproc, self.backend = options.choose_backend(nproc, backend)
         self.timeout = options.check_timeout(timeout)
         self.env = options.check_env(env)
-        if debug is None:
-            debug = os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
-        self.debug = bool(debug)
+        self.debug = options.check_debug(debug)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be a whole number, got {seed!r}")
         self.seed = seed
