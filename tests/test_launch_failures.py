@@ -98,6 +98,16 @@ def test_died_blames_the_crash_not_the_rank_torchrun_terminated():
     assert classify(err) == Failure("died", (1, 0), "rank 1 was killed by SIGSEGV")
 
 
+@pytest.mark.parametrize("codes, detail", [
+    ({}, "rank 0's exit status is unknown"),           # not "its exrank 0 status": "exit " holds "it "
+    ({0: 3}, "rank 0 exited with code 3"),
+    ({0: SEGV}, "rank 0 was killed by SIGSEGV"),
+])
+def test_died_detail_names_the_rank_in_plain_words(codes, detail):
+    err = explain(Facts(nproc=2, dead=[0], returned={1}, exit_codes=codes))
+    assert classify(err).detail == detail
+
+
 @pytest.mark.parametrize("codes, stderr, first", [
     ({0: TERM, 1: SEGV}, {}, 1),                       # exit codes alone decide
     ({0: TERM}, {1: CRASH_REPORT}, 1),                 # torchrun had not listed the crash yet

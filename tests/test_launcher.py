@@ -584,6 +584,19 @@ def test_process_identity_is_pid_plus_start_time():
     assert procs.start_time(zombie.pid) is None and not procs.maybe_same_process(zombie.pid, None)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, which only Linux has")
+def test_process_identity_survives_a_wall_clock_step(monkeypatch):
+    """A stepped wall clock (NTP, a paused VM) moves psutil's create_time: the token must not move."""
+    import psutil
+
+    from parlab.launch import procs
+
+    token = procs.start_time(os.getpid())
+    real = psutil.Process.create_time
+    monkeypatch.setattr(psutil.Process, "create_time", lambda self: real(self) + 32.6)
+    assert procs.start_time(os.getpid()) == token and procs.same_process(os.getpid(), token)
+
+
 def test_progress_bars_show_their_last_state(capsys):
     from parlab.launch.output import TextSink
 

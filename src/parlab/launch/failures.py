@@ -76,6 +76,15 @@ def describe_exit(code) -> tuple[str, str]:
     return f"it was killed by {name}" + (f" ({why})" if why else ""), name
 
 
+def about_rank(sentence: str, rank: int) -> str:
+    """``describe_exit``'s sentence about "it", said of rank ``rank``."""
+    if sentence.startswith("its "):
+        return f"rank {rank}'s " + sentence[4:]
+    if sentence.startswith("it "):
+        return f"rank {rank} " + sentence[3:]
+    return sentence
+
+
 def _first_line(text: str) -> str:
     line = next((x.strip() for x in text.splitlines() if x.strip()), "")
     return line if len(line) <= 120 else line[:117] + "..."
@@ -87,7 +96,7 @@ def _classify_worker_error(err: WorkerError) -> Failure:
     summary = err.failures.get(r, f"{err.exc_type}")
     text = f"{summary}\n{err.remote_traceback}"
     if err.phase == "died":
-        how = describe_exit(err.exit_codes.get(r))[0].replace("it ", f"rank {r} ", 1)
+        how = about_rank(describe_exit(err.exit_codes.get(r))[0], r)
         if err.exc_type == "SIGABRT" and _has(text, MISMATCH_MARKERS + ("gloo::EnforceNotMet",)):
             return Failure("mismatch", ranks, f"rank {r} was aborted by gloo: a message and its "
                                               "receive buffer differ in size or dtype")

@@ -18,8 +18,33 @@ import psutil
 _PR_SET_PDEATHSIG = 1
 
 
+def _linux_start_ticks(pid: int) -> str | None:
+    """The start time in /proc/<pid>/stat (clock ticks since boot), or None for a zombie.
+
+    Unlike psutil's ``create_time`` (boot time + ticks, in wall-clock seconds),
+    this number does not move when the wall clock is stepped (NTP, a virtual
+    machine that was paused): a step must never make a live rank look like a
+    different process.  Raises FileNotFoundError/ProcessLookupError when gone.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2:].split()  # the name may hold spaces and ')'
+    if fields[0] == b"Z":
+        return None
+    return "t" + fields[19].decode()  # field 22 of proc(5); fields[0] is field 3
+
+
 def start_time(pid: int) -> str | None:
     """A token that changes when ``pid`` is reused, or None if ``pid`` is gone (or a zombie)."""
+    if sys.platform.startswith("linux"):
+        try:
+            return _linux_start_ticks(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        except PermissionError:
+            return "other-user"
+        except (OSError, ValueError, IndexError):
+            pass  # an unusual /proc: ask psutil
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
