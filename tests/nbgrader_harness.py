@@ -22,6 +22,7 @@ finds any still alive by that token, orphans included.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import secrets
@@ -39,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 TOKEN_VAR = "PARLAB_HARNESS_TOKEN"
 #: Pass this instead of a path to submit the student version generated in the same run.
 RELEASED = "released"
+#: Or this, for that student version cut down to its graded cells (see ``graded_cells_only``).
+RELEASED_GRADED_CELLS = "released, graded cells only"
 
 
 def _release_module():
@@ -65,6 +68,34 @@ def source_notebook(lab: str) -> Path:
 def release_notebook(lab: str) -> Path:
     """The committed student notebook of a lab."""
     return REPO / "labs" / lab / source_notebook(lab).name
+
+
+def graded_cells_only(nb) -> None:
+    """Keep the first code cell (the imports), every nbgrader answer and test cell, and the
+    import statements of the other code cells (an answer may name a type they import).
+
+    nbgrader scores only the test cells, so this is enough to learn what a
+    notebook would score; it skips the lab's demonstrations and measurements.
+    """
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    kept = []
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader", {})
+        if i == first or meta.get("grade") or meta.get("solution"):
+            kept.append(cell)
+        elif cell.cell_type == "code" and (imports := _import_lines(cell.source)):
+            kept.append(nbformat.v4.new_code_cell(imports))
+    nb.cells = kept
+
+
+def _import_lines(source: str) -> str:
+    """The top-level import statements of a code cell ("" if none, or if it is not plain Python)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics
+        return ""
+    return "\n".join(ast.get_source_segment(source, node) for node in tree.body
+                     if isinstance(node, (ast.Import, ast.ImportFrom)))
 
 
 def notebook_seconds(path: Path) -> float:
@@ -101,8 +132,9 @@ def autograde(lab: str, submissions: dict[str, Path | str], workdir: Path | None
               timeout: float = 900) -> dict[str, dict]:
     """Generate ``lab``, submit each student's notebook, autograde them all, and return scores.
 
-    ``submissions`` maps a student id to a notebook path, or to ``RELEASED``
-    for the untouched student version that this run generated.
+    ``submissions`` maps a student id to a notebook path, to ``RELEASED``
+    for the untouched student version that this run generated, or to
+    ``RELEASED_GRADED_CELLS`` for its graded cells alone.
 
     Returns ``{student: {"score", "max_score", "cells": {grade_id: (score, max_score)},
     "seconds": notebook execution time, "autograded": path}}`` plus one entry
@@ -143,7 +175,12 @@ def autograde_labs(labs: list[str], submissions: dict[str, Path | str], workdir:
             path = path.get(lab, RELEASED) if isinstance(path, dict) else path
             dest = root / "submitted" / student / lab
             dest.mkdir(parents=True)
-            shutil.copy(release_dir / lab / notebook if path == RELEASED else path, dest / notebook)
+            if path == RELEASED_GRADED_CELLS:
+                nb = nbformat.read(release_dir / lab / notebook, as_version=4)
+                graded_cells_only(nb)
+                nbformat.write(nb, dest / notebook)
+            else:
+                shutil.copy(release_dir / lab / notebook if path == RELEASED else path, dest / notebook)
     grade = _run_here("autograde", root, labs, env, timeout * len(labs))
 
     course_id = release_script.load_config(root).CourseDirectory.course_id

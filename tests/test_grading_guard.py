@@ -19,7 +19,7 @@ import time
 import nbformat
 import pytest
 
-from nbgrader_harness import autograde, leftover_processes, source_notebook
+from nbgrader_harness import autograde, graded_cells_only, leftover_processes, source_notebook
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(900)]
 
@@ -56,22 +56,9 @@ def _after_solution_of(nb, name: str) -> int:
     raise AssertionError(f"no cell defines {name}")
 
 
-def _graded_cells_only(nb) -> None:
-    """Keep the first code cell (imports) and the exercises' answer and test cells.
-
-    The lab's demonstrations and measurements are not what this test is
-    about, and dropping them keeps its autograde short; nbgrader grades only
-    the answer and test cells anyway.
-    """
-    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
-    nb.cells = [c for i, c in enumerate(nb.cells)
-                if i == first or c.metadata.get("nbgrader", {}).get("grade")
-                or c.metadata.get("nbgrader", {}).get("solution")]
-
-
 def adversary(path) -> None:
     nb = nbformat.read(source_notebook("01-collectives"), as_version=4)
-    _graded_cells_only(nb)
+    graded_cells_only(nb)
     nb.cells.insert(_after_solution_of(nb, "ring_all_reduce"), nbformat.v4.new_code_cell(HOSTILE))
     nb.cells.insert(_after_solution_of(nb, "all_reduce_rs_ag"), nbformat.v4.new_code_cell(CHATTY))
     first_code = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")

@@ -1,16 +1,22 @@
 """Every lab through the real nbgrader: the solution gets full marks, the blank release gets 0.
 
+The solution notebook runs whole.  The blank is the release cut down to its
+graded cells (``graded_cells_only``): nbgrader scores only those, and each
+of its test cells must fail because its answer is missing, not because a
+demonstration cell was cut.
+
 One generation and one autograde process grade both students in every
 selected lab (each nbgrader command costs several seconds of start-up).  Afterwards no process that the run started
 (kernels, torchrun, ranks) may still be alive.  Timings are printed (run
 pytest with -s to see them) and also reported on failure.
 """
+import re
 import time
 
 import nbformat
 import pytest
 
-from nbgrader_harness import RELEASED, autograde_labs, lab_names, leftover_processes, source_notebook
+from nbgrader_harness import RELEASED_GRADED_CELLS, autograde_labs, lab_names, leftover_processes, source_notebook
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(2700)]  # the first test waits for every lab
 
@@ -30,7 +36,7 @@ def course(request, tmp_path_factory):
     labs = sorted({item.callspec.params["graded"] for item in request.session.items
                    if item.path == here and hasattr(item, "callspec")})
     results = autograde_labs(labs, {"solution": {lab: source_notebook(lab) for lab in labs},
-                                    "blank": RELEASED},
+                                    "blank": RELEASED_GRADED_CELLS},
                              workdir=tmp_path_factory.mktemp("course"))
     for lab, result in results.items():
         run = result["_run"]
@@ -46,15 +52,20 @@ def graded(request, course):
     return request.param, course[request.param]
 
 
-def failed_outputs(path) -> str:
-    """Error outputs of an autograded notebook, to explain a lost point."""
-    lines = []
+def cell_errors(path) -> dict:
+    """{grade_id or cell id: "ename: evalue"} for each cell of a notebook that ended in an error."""
+    errors = {}
     for cell in nbformat.read(path, as_version=4).cells:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", cell.get("id"))
-                lines.append(f"{grade_id}: {out['ename']}: {out['evalue'][:300]}")
-    return "\n".join(lines)
+                errors[grade_id] = f"{out['ename']}: {out['evalue']}"
+    return errors
+
+
+def failed_outputs(path) -> str:
+    """Error outputs of an autograded notebook, to explain a lost point."""
+    return "\n".join(f"{k}: {v[:300]}" for k, v in cell_errors(path).items())
 
 
 def test_solution_gets_full_marks(graded):
@@ -73,7 +84,35 @@ def test_blank_release_scores_zero_in_time(graded):
     assert not scored, f"{lab}: the untouched release notebook earned points in {scored}"
     assert blank["max_score"] == result["solution"]["max_score"]
     assert blank["seconds"] < BLANK_SECONDS, f"{lab}: the blank notebook took {blank['seconds']:.0f} s"
-    assert "CellTimeoutError" not in failed_outputs(blank["autograded"])
+    errors = cell_errors(blank["autograded"])
+    assert set(blank["cells"]) <= set(errors), f"{lab}: blank test cells that did not fail: " \
+        f"{set(blank['cells']) - set(errors)}"
+    for grade_id in blank["cells"]:  # each fails on its stub (raise NotImplementedError), nothing else
+        assert on_the_stub(errors[grade_id], blank["autograded"], errors), \
+            f"{lab}: blank test cell {grade_id} failed for another reason than the missing answer: " \
+            f"{errors[grade_id][:600]}"
+
+
+def on_the_stub(error: str, path, errors: dict, seen: frozenset = frozenset()) -> bool:
+    """Whether a test cell's error comes from the release's stubs, ``raise NotImplementedError()``.
+
+    Either the check ran a stub, or the answer could not be handed in because
+    a stub stopped the cell that defines it: a class body that raises, or a
+    class built on another answer whose own cell stopped that way.
+    """
+    if "NotImplementedError" in error:
+        return True
+    missing = re.search(r"(\w+) could not be handed in|name '(\w+)' is not defined", error)
+    if not missing:
+        return False
+    name = missing.group(1) or missing.group(2)
+    if name in seen:
+        return False
+    for cell in nbformat.read(path, as_version=4).cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", cell.get("id"))
+        if cell.cell_type == "code" and re.search(rf"^(class|def) {name}\b", cell.source, re.M):
+            return grade_id in errors and on_the_stub(errors[grade_id], path, errors, seen | {name})
+    return False
 
 
 def test_no_process_left_behind(graded):

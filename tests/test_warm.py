@@ -144,6 +144,7 @@ def test_a_hang_times_out_with_every_stack_then_the_group_restarts(group):
     assert sorted(err.stacks) == [0, 1]
     assert all("sleeps" in stack for stack in err.stacks.values())
     assert "restarted" in str(err) and "ran past its timeout of 3 s" in str(err)
+    assert str(err).startswith("the cell did not finish within 3 s")  # a cell, not a launch
     assert all_gone(before, within=5)
     assert rank_pids(group) != before
     assert group.run(whoami, 1) == [2.0, 12.0]

@@ -14,8 +14,9 @@ the restored source and has the kernel pickle each ``answer`` by value into
 a file, right then.  Once the notebook has run, one
 ``python -m parlab.grading.sandbox`` process grades every test cell's
 answers: a fresh process that imports the checks itself, unpickles the
-answers only on the ranks (one launch per answer, as in a notebook), and
-takes back only plain data.  Each test cell's outputs are replaced by what
+answers only on the ranks (answers that need the same world size share a
+launch, see ``parlab.grading.shared_launches``), and takes back only plain
+data.  Each test cell's outputs are replaced by what
 the sandbox printed for it, and an ``AssertionError`` when its answer failed.
 (One sandbox for the whole notebook, not one per cell, saves a process
 start-up and ``import torch`` per test cell.)
@@ -163,9 +164,11 @@ class GuardedExecute(Execute):
 
     def _dump(self, answer: str, path: str, index: int) -> str | None:
         """Have the kernel pickle ``answer`` by value into ``path``; a message if it could not."""
-        code = ("import cloudpickle as __parlab_cp\n"
+        code = ("import cloudpickle as __parlab_cp\n"  # pickled first: a failure writes no file
+                f"__parlab_data = __parlab_cp.dumps({answer})\n"
                 f"with open({path!r}, 'wb') as __parlab_f:\n"
-                f"    __parlab_f.write(__parlab_cp.dumps({answer}))\n")
+                "    __parlab_f.write(__parlab_data)\n"
+                "del __parlab_data\n")
         probe = NotebookNode(cell_type="code", source=code, metadata={}, outputs=[],
                              execution_count=None, id=f"parlab-dump-{index}")
         try:

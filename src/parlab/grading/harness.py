@@ -141,8 +141,12 @@ def _slot(key: tuple[str, str]) -> str:
     return "\n".join(key)
 
 
-def _on_ranks(tasks: list, catch: bool) -> dict:
-    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}."""
+def _on_ranks(tasks: list, catch: bool, note: str = "") -> dict:
+    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}.
+
+    With ``note`` (and not ``catch``), an exception leaves with the note
+    ``note + _slot(key)``, so the grader knows which task raised.
+    """
     import torch.distributed as dist
 
     n = dist.get_world_size() if dist.is_initialized() else 1
@@ -150,11 +154,11 @@ def _on_ranks(tasks: list, catch: bool) -> dict:
     out: dict = {_BACKEND_KEY: backend}
     with check.judged_on(backend):
         for key, ex, answer, cases in tasks:
-            out[_slot(key)] = _run_task(ex, answer, cases, n, catch)
+            out[_slot(key)] = _run_task(ex, answer, cases, n, catch, f"{note}{_slot(key)}" if note else "")
     return out
 
 
-def _run_task(ex: Exercise, answer, cases, n: int, catch: bool) -> dict:
+def _run_task(ex: Exercise, answer, cases, n: int, catch: bool, note: str = "") -> dict:
     """One answer through its cases on this rank: {"cases": [...]} or {"error": ..., "traceback": ...}."""
     done: list = []
     case = None
@@ -171,6 +175,8 @@ def _run_task(ex: Exercise, answer, cases, n: int, catch: bool) -> dict:
         if not catch:
             if hasattr(exc, "add_note"):  # Python 3.11+: name the case under the traceback
                 exc.add_note(f"(while grading {where})")
+                if note:
+                    exc.add_note(note)
             raise
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return {"error": f"raised {last} on {where}", "traceback": traceback.format_exc(limit=-4)}

@@ -6,8 +6,12 @@ call names the lab, the check, whether it is the hidden one, the answer's
 name and the file holding the answer pickled by value.  Within a cell,
 grading stops at the first call that fails.  This process imports the
 checks itself (nothing from the student's kernel reaches it), never
-unpickles an answer (only the ranks do, one launch per answer), and gets
-back only plain data from the ranks (``launch(..., plain_results=True)``).
+unpickles an answer (only the ranks do), and gets back only plain data from
+the ranks (``launch(..., plain_results=True)``).
+
+The calls share launches first, one per world size
+(``parlab.grading.shared_launches``); a call that sharing cannot decide is
+then graded in launches of its own.
 After each cell it rewrites the request's verdict path with a list of
 ``{"key": cell key, "verdicts": [{"passed": bool, "message": str}, ...],
 "printed": what the cell's grading printed}``, so a cell that never
@@ -24,33 +28,65 @@ import sys
 from pathlib import Path
 
 from .harness import Payload, grade_batch, summary
+from .shared_launches import grade_shared
 
 
-def grade_request(request: dict) -> dict:
-    """The verdict for one request (see the module docstring)."""
-    lab, check = request["lab"], request["check"]
+def _exercise(call: dict):
+    """The exercise a call names, or None when no such check exists."""
+    lab, check = call["lab"], call["check"]
     if not re.fullmatch(r"lab\d\d", lab) or not re.fullmatch(r"check_\w+", check):
-        return {"passed": False, "message": f"unknown check {lab}.{check}"}
+        return None
     try:
-        fn = getattr(importlib.import_module(f"parlab.grading.{lab}"), check)
-        exercise = fn.exercise
+        return getattr(importlib.import_module(f"parlab.grading.{lab}"), check).exercise
     except (ImportError, AttributeError):
-        return {"passed": False, "message": f"unknown check {lab}.{check}"}
-    name, hidden = str(request["name"]), bool(request["hidden"])
-    answer = Payload(Path(request["payload"]).read_bytes())
-    message = grade_batch({exercise: {name: answer}}, hidden=hidden, catch=False,
-                          isolate=True)[(exercise.key, name)]
+        return None
+
+
+def _verdict(exercise, call: dict, message: str | None) -> dict:
     if message:
         return {"passed": False, "message": message}
-    return {"passed": True, "message": summary(exercise, name, hidden)}
+    return {"passed": True, "message": summary(exercise, str(call["name"]), bool(call["hidden"]))}
 
 
-def grade_cell(calls: list[dict]) -> list[dict]:
-    """The verdicts of one test cell's calls, stopping at the first that fails."""
+def grade_request(call: dict) -> dict:
+    """The verdict for one call, graded in launches of its own."""
+    exercise = _exercise(call)
+    if exercise is None:
+        return {"passed": False, "message": f"unknown check {call['lab']}.{call['check']}"}
+    name, hidden = str(call["name"]), bool(call["hidden"])
+    answer = Payload(Path(call["payload"]).read_bytes())
+    message = grade_batch({exercise: {name: answer}}, hidden=hidden, catch=False,
+                          isolate=True)[(exercise.key, name)]
+    return _verdict(exercise, call, message)
+
+
+def shared_verdicts(cells: list[dict]) -> dict:
+    """{(cell key, call index): verdict} for the calls graded in shared launches."""
+    items, exercises = [], {}
+    for cell in cells:
+        for i, call in enumerate(cell["calls"]):
+            exercise = _exercise(call)
+            if exercise is not None:
+                key = (cell["key"], i)
+                exercises[key] = exercise
+                items.append((key, str(call["name"]), exercise,
+                              Payload(Path(call["payload"]).read_bytes()), bool(call["hidden"])))
+    calls = {(cell["key"], i): call for cell in cells for i, call in enumerate(cell["calls"])}
+    after = {(cell, i): (cell, i - 1) for cell, i in calls if i > 0}  # a cell stops at its first failure
+    return {key: _verdict(exercises[key], calls[key], message)
+            for key, message in grade_shared(items, after=after).items()}
+
+
+def grade_cell(calls: list[dict], decided: dict | None = None) -> list[dict]:
+    """The verdicts of one test cell's calls, stopping at the first that fails.
+
+    ``decided`` holds verdicts already reached in shared launches, by call
+    index; the other calls are graded in launches of their own.
+    """
     verdicts: list[dict] = []
-    for call in calls:
+    for i, call in enumerate(calls):
         try:
-            verdicts.append(grade_request(call))
+            verdicts.append((decided or {}).get(i) or grade_request(call))
         except Exception as exc:  # noqa: BLE001 - the grader's own failure, not the answer's
             verdicts.append({"passed": False, "message": f"the grader failed: {type(exc).__name__}: {exc}"})
         if not verdicts[-1]["passed"]:
@@ -64,11 +100,19 @@ def main(argv: list[str]) -> int:
         print(__doc__.splitlines()[0])
         return 2
     request = json.loads(Path(argv[0]).read_text())
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            shared = shared_verdicts(request["cells"])
+    except Exception as exc:  # noqa: BLE001 - the shared launches are only a shortcut
+        print(f"parlab: shared grading failed ({type(exc).__name__}: {exc}); grading each call "
+              "in launches of its own", file=sys.stderr)
+        shared = {}
     done: list[dict] = []
     for cell in request["cells"]:
         printed = io.StringIO()
+        decided = {i: v for (key, i), v in shared.items() if key == cell["key"]}
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
-            verdicts = grade_cell(cell["calls"])
+            verdicts = grade_cell(cell["calls"], decided)
         done.append({"key": cell["key"], "verdicts": verdicts, "printed": printed.getvalue()})
         Path(request["verdict"]).write_text(json.dumps(done))
     return 0

@@ -36,6 +36,7 @@ class Facts:
     agent_pid: int = 0
     agent_log: str = ""
     timed_out: bool = False
+    subject: str = "the launch"                     # what timed out: "the launch", or a warm "cell"
 
 
 def parse_agent_log(log: str) -> tuple[dict, int | None]:
@@ -180,7 +181,7 @@ def hint(err: WorkerError, f: Facts) -> str:
 def _timed_out(f: Facts) -> LaunchTimeout:
     st = status(f)
     unfinished = [r for r in range(f.nproc) if r not in f.errors and r not in f.returned]
-    lines = [f"the launch did not finish within {f.timeout:g} s. Where each rank was:"]
+    lines = [f"{f.subject} did not finish within {f.timeout:g} s. Where each rank was:"]
     lines += [f"  rank {r}: {text}" for r, text in st.items()]
     starting = [r for r, v in st.items() if v in (_stacks.STARTING_UP, NOT_STARTED)]
     if starting and len(starting) == len(unfinished):

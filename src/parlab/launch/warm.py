@@ -347,6 +347,7 @@ class WarmGroup:
         f.dead = [r for r in f.dead if r in pending]
         f.stacks = {r: d for r, d in f.stacks.items() if r in pending and r not in f.dead}
         f.timeout = timeout or self.timeout
+        f.subject = "the cell"
         return f
 
     def _interrupted(self, pending, stopped, broken, data, errors) -> None:

@@ -1,0 +1,120 @@
+"""Grade every answer of one submission in as few launches as possible.
+
+The sandbox grades a notebook's check calls: every exercise, visible and
+hidden cases.  One launch per call costs a cold start each (seconds on a
+laptop), so here the calls that need the same world size share one launch.
+
+Sharing must never change a verdict, so:
+
+- A pass is kept.  The ranks run the answers one after another, each on its
+  own cases, and a right answer does not become right by running after
+  another one.
+- A failure is kept only when its answer ran first in its launch.  An answer
+  that ran after another one may have met what that answer left behind (a
+  send nobody received, say), so it is graded again in a launch of its own.
+- When a launch fails, the answer that raised is known (its exception carries
+  a note naming its task): it gets its message, and the launch is started
+  again without it.  Any other failure (a rank that died, a launch that timed
+  out) leaves the launch's answers to one launch each.
+
+``grade_shared`` returns the verdicts it could decide; the sandbox grades the
+rest one launch per call (``harness.grade_batch``).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+
+from .harness import _BACKEND_KEY, Exercise, _judge, _launch, _on_ranks, launch_failure
+
+#: Added to an exception raised by the task at this index (only in a shared launch).
+TASK_NOTE = "parlab shared task "
+_NOTE = re.compile(r"\n?" + re.escape(TASK_NOTE) + r"(\d+)")
+#: Seconds of launch timeout per answer beyond the first.
+PER_EXTRA_TASK = 10.0
+
+
+def task_of(err: BaseException) -> int | None:
+    """The index of the task whose exception ended a shared launch, if it says."""
+    text = "\n".join(str(x) for x in (err, getattr(err, "remote_traceback", ""),
+                                      *getattr(err, "failures", {}).values()))
+    found = _NOTE.search(text)
+    return int(found.group(1)) if found else None
+
+
+def without_notes(text: str) -> str:
+    return _NOTE.sub("", text)
+
+
+def grade_shared(items: list[tuple[Hashable, str, Exercise, object, bool]], *,
+                 after: dict | None = None, backend: str | None = None) -> dict:
+    """{key: message or None} for the items ``(key, name, exercise, answer, hidden)`` it could decide.
+
+    ``name`` is the answer's name, for messages; ``key`` tells items apart.
+    ``after`` maps a key to the key graded before it in the same test cell:
+    once that one has failed, this one is moot and is not run.
+    """
+    state = _State(after or {})
+    sizes = sorted({n for *_, ex, _, hidden in items for n, _ in ex.sets(hidden)}, reverse=True)
+    for n in sizes:
+        tasks = [(key, name, ex, answer, tuple(cases)) for key, name, ex, answer, hidden in items
+                 if state.open(key) for m, cases in ex.sets(hidden) if m == n]
+        while tasks:
+            tasks = [t for t in _one_launch(tasks, n, backend, state) if state.open(t[0])]
+    return {k: v for k, v in state.decided.items() if k not in state.undecided}
+
+
+class _State:
+    """What the shared launches have decided so far."""
+
+    def __init__(self, after: dict):
+        self.after = after
+        self.decided: dict = {}   # key -> message, or None for an answer that passed every size so far
+        self.undecided: set = set()  # keys left to a launch of their own
+
+    def open(self, key) -> bool:
+        """Whether ``key`` still needs running: not failed, not undecided, and not moot."""
+        while key is not None:
+            if key in self.undecided or self.decided.get(key) is not None:
+                return False
+            key = self.after.get(key)
+        return True
+
+
+def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
+    """Run ``tasks`` in one launch and record what it decides; the tasks still to run."""
+    decided, undecided = state.decided, state.undecided
+    on_ranks = [((f"{i}",), ex, answer, cases) for i, (_, _, ex, answer, cases) in enumerate(tasks)]
+    wait = max(ex.timeout for _, _, ex, _, _ in tasks) + PER_EXTRA_TASK * (len(tasks) - 1)
+    try:
+        per_rank = _launch(_on_ranks, (on_ranks, False, TASK_NOTE), nproc=n, timeout=wait,
+                           isolate=True, backend=backend)
+    except Exception as err:  # noqa: BLE001 - a LaunchError: one answer failed, or the launch did
+        culprit = task_of(err)
+        if culprit is None or culprit >= len(tasks):
+            if len(tasks) == 1:
+                decided[tasks[0][0]] = _failure(err, tasks[0], n)
+            else:
+                undecided.update(t[0] for t in tasks)
+            return []
+        if culprit == 0:
+            decided[tasks[0][0]] = _failure(err, tasks[0], n)
+        else:
+            undecided.add(tasks[culprit][0])
+        return tasks[:culprit] + tasks[culprit + 1:]
+    used = per_rank[0].get(_BACKEND_KEY, "gloo")
+    for i, (key, name, ex, _, cases) in enumerate(tasks):
+        message = _judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
+        if message is None:
+            decided.setdefault(key, None)  # passed at this size; the next size may still fail it
+        elif i == 0:
+            decided[key] = message
+        else:
+            undecided.add(key)
+    return []
+
+
+def _failure(err: BaseException, task: tuple, n: int) -> str:
+    """The message a launch of this task alone would have given."""
+    _, name, ex, answer, cases = task
+    return without_notes(launch_failure(err, [((ex.key, name), ex, answer, cases)], n))
