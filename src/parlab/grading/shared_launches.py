@@ -15,7 +15,9 @@ Sharing must never change a verdict, so:
 - When a launch fails, the answer that raised is known (its exception carries
   a note naming its task): it gets its message, and the launch is started
   again without it.  Any other failure (a rank that died, a launch that timed
-  out) leaves the launch's answers to one launch each.
+  out) leaves the launch's answers to one launch each.  (The note needs
+  Python 3.11's ``add_note``; on 3.10 every failed shared launch goes that
+  way: slower, with the same verdicts.)
 
 ``grade_shared`` returns the verdicts it could decide; the sandbox grades the
 rest one launch per call (``harness.grade_batch``).
