@@ -116,6 +116,17 @@ def test_a_call_after_a_failed_one_in_its_cell_is_not_run(monkeypatch):
     assert set(got) == {"visible", "other"}
 
 
+def test_a_pass_counts_only_once_every_world_size_ran(monkeypatch):
+    """The hidden call passed on 2 ranks; its visible call then failed after another answer, so
+    the hidden one never ran on 1 rank: it is not decided, the sandbox grades it alone."""
+    fake = FakeLauncher()
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    got = grade_shared([("first", "double", SOLO, double, False), ("visible", "triple", SOLO, triple, False),
+                        ("hidden", "triple", SOLO, double, True)], after={"hidden": "visible"})
+    assert [n for n, _, _ in fake.launches] == [2]  # on 1 rank only the moot hidden call was left
+    assert got == {"first": None}
+
+
 def test_task_of_reads_the_note_and_nothing_else():
     assert task_of(raised_in(7)) == 7
     assert task_of(WorkerError("rank 0 failed: ValueError: 7", rank=0, phase="raised")) is None

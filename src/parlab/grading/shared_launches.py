@@ -63,7 +63,10 @@ def grade_shared(items: list[tuple[Hashable, str, Exercise, object, bool]], *,
                  if state.open(key) for m, cases in ex.sets(hidden) if m == n]
         while tasks:
             tasks = [t for t in _one_launch(tasks, n, backend, state) if state.open(t[0])]
-    return {k: v for k, v in state.decided.items() if k not in state.undecided}
+    # a pass counts only once the answer passed on every world size it is graded on
+    every_size = {key: {n for n, _ in ex.sets(hidden)} for key, _, ex, _, hidden in items}
+    return {k: v for k, v in state.decided.items() if k not in state.undecided
+            and (v is not None or state.passed_on.get(k) == every_size[k])}
 
 
 class _State:
@@ -73,6 +76,7 @@ class _State:
         self.after = after
         self.decided: dict = {}   # key -> message, or None for an answer that passed every size so far
         self.undecided: set = set()  # keys left to a launch of their own
+        self.passed_on: dict = {}    # key -> the world sizes it passed on
 
     def open(self, key) -> bool:
         """Whether ``key`` still needs running: not failed, not undecided, and not moot."""
@@ -109,6 +113,7 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
         message = _judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
         if message is None:
             decided.setdefault(key, None)  # passed at this size; the next size may still fail it
+            state.passed_on.setdefault(key, set()).add(n)
         elif i == 0:
             decided[key] = message
         else:
