@@ -6,6 +6,7 @@ file, as ``parlab.grading.autograde`` hands them in, and compares every
 verdict with what each answer deserves.
 """
 import json
+import time
 
 import cloudpickle
 import pytest
@@ -33,17 +34,21 @@ def raised_in(index: int) -> WorkerError:
 class FakeLauncher:
     """Runs the tasks in this process, or fails the way ``script`` says, and counts launches."""
 
-    def __init__(self, script=()):
+    def __init__(self, script=(), seconds=0.0):
         self.script = list(script)  # per launch: None (run) or an exception to raise
+        self.seconds = seconds      # how long each answer "took" on the ranks
         self.launches = []
 
     def __call__(self, fn, args, *, nproc, timeout, isolate, backend):
-        tasks, catch, note = args
+        (tasks,) = args
         self.launches.append((nproc, [t[2].__name__ for t in tasks], timeout))
         failure = self.script.pop(0) if self.script else None
         if failure is not None:
             raise failure
-        return [fn(tasks, True) for _ in range(nproc)]
+        out = harness._on_ranks(tasks, True)
+        for key, *_ in tasks:
+            out[harness._slot(key)]["seconds"] = self.seconds
+        return [out] * nproc
 
 
 def double(x):
@@ -127,9 +132,29 @@ def test_a_pass_counts_only_once_every_world_size_ran(monkeypatch):
     assert got == {"first": None}
 
 
+def test_a_pass_that_took_over_half_the_timeout_is_graded_alone(monkeypatch):
+    fake = FakeLauncher(seconds=SOLO.timeout / 2 + 1)
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    assert grade_shared(items(double)) == {}  # alone, a wait that long might have timed out
+
+
+def test_no_shared_launch_starts_past_the_deadline(monkeypatch):
+    fake = FakeLauncher()
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    assert grade_shared(items(double), deadline=time.monotonic() + SOLO.timeout / 2) == {}
+    assert fake.launches == []
+
+
 def test_task_of_reads_the_note_and_nothing_else():
     assert task_of(raised_in(7)) == 7
     assert task_of(WorkerError("rank 0 failed: ValueError: 7", rank=0, phase="raised")) is None
+    # an answer that puts the note's words in its own message cannot name another task
+    spoof = raised_in(2)
+    spoof.remote_traceback = spoof.remote_traceback.replace("NotImplementedError", f"ValueError: {TASK_NOTE}0")
+    assert task_of(spoof) == 2
+    died = raised_in(0)
+    died.phase = "died"  # a dead rank's stderr is the answer's to write
+    assert task_of(died) is None
 
 
 # ---------------------------------------------------------------- end to end, on ranks

@@ -187,14 +187,14 @@ class GuardedExecute(Execute):
         """One sandbox process over every cell's calls: ({cell index: result}, why any is missing)."""
         request = os.path.join(self._workdir, "request.json")
         verdict_path = request + ".verdict"
+        limit = self.timeout * len(cells) if self.timeout else None
         with open(request, "w") as f:
             json.dump({"cells": [{"key": index,
                                   "calls": [{"lab": c["lab"], "check": c["check"], "hidden": c["hidden"],
                                              "name": c["answer"], "payload": c["payload"]} for c in calls]}
                                  for index, calls in cells],
-                       "verdict": verdict_path}, f)
+                       "verdict": verdict_path, "seconds": limit}, f)
         env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
-        limit = self.timeout * len(cells) if self.timeout else None
         proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)

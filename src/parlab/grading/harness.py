@@ -141,12 +141,8 @@ def _slot(key: tuple[str, str]) -> str:
     return "\n".join(key)
 
 
-def _on_ranks(tasks: list, catch: bool, note: str = "") -> dict:
-    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}.
-
-    With ``note`` (and not ``catch``), an exception leaves with the note
-    ``note + _slot(key)``, so the grader knows which task raised.
-    """
+def _on_ranks(tasks: list, catch: bool) -> dict:
+    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}."""
     import torch.distributed as dist
 
     n = dist.get_world_size() if dist.is_initialized() else 1
@@ -154,12 +150,15 @@ def _on_ranks(tasks: list, catch: bool, note: str = "") -> dict:
     out: dict = {_BACKEND_KEY: backend}
     with check.judged_on(backend):
         for key, ex, answer, cases in tasks:
-            out[_slot(key)] = _run_task(ex, answer, cases, n, catch, f"{note}{_slot(key)}" if note else "")
+            out[_slot(key)] = _run_task(ex, answer, cases, n, catch)
     return out
 
 
 def _run_task(ex: Exercise, answer, cases, n: int, catch: bool, note: str = "") -> dict:
-    """One answer through its cases on this rank: {"cases": [...]} or {"error": ..., "traceback": ...}."""
+    """One answer through its cases on this rank: {"cases": [...]} or {"error": ..., "traceback": ...}.
+
+    Without ``catch``, an exception leaves with ``note`` as its last note (if given).
+    """
     done: list = []
     case = None
     try:

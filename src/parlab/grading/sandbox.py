@@ -15,7 +15,9 @@ then graded in launches of its own.
 After each cell it rewrites the request's verdict path with a list of
 ``{"key": cell key, "verdicts": [{"passed": bool, "message": str}, ...],
 "printed": what the cell's grading printed}``, so a cell that never
-finishes leaves the earlier cells' verdicts in place.
+finishes leaves the earlier cells' verdicts in place.  The request may give
+the sandbox's time limit in ``"seconds"``: the shared launches below then
+start no launch past half of it.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import io
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 from .harness import Payload, grade_batch, summary
@@ -60,8 +63,8 @@ def grade_request(call: dict) -> dict:
     return _verdict(exercise, call, message)
 
 
-def shared_verdicts(cells: list[dict]) -> dict:
-    """{(cell key, call index): verdict} for the calls graded in shared launches."""
+def shared_verdicts(cells: list[dict], deadline: float | None = None) -> dict:
+    """{(cell key, call index): verdict} for the calls graded in shared launches (until ``deadline``)."""
     items, exercises = [], {}
     for cell in cells:
         for i, call in enumerate(cell["calls"]):
@@ -74,7 +77,7 @@ def shared_verdicts(cells: list[dict]) -> dict:
     calls = {(cell["key"], i): call for cell in cells for i, call in enumerate(cell["calls"])}
     after = {(cell, i): (cell, i - 1) for cell, i in calls if i > 0}  # a cell stops at its first failure
     return {key: _verdict(exercises[key], calls[key], message)
-            for key, message in grade_shared(items, after=after).items()}
+            for key, message in grade_shared(items, after=after, deadline=deadline).items()}
 
 
 def grade_cell(calls: list[dict], decided: dict | None = None) -> list[dict]:
@@ -100,9 +103,12 @@ def main(argv: list[str]) -> int:
         print(__doc__.splitlines()[0])
         return 2
     request = json.loads(Path(argv[0]).read_text())
+    # the shared launches may use half of the sandbox's time; the cells graded alone keep the rest
+    budget = request.get("seconds")
+    deadline = time.monotonic() + budget / 2 if budget else None
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            shared = shared_verdicts(request["cells"])
+            shared = shared_verdicts(request["cells"], deadline)
     except Exception as exc:  # noqa: BLE001 - the shared launches are only a shortcut
         print(f"parlab: shared grading failed ({type(exc).__name__}: {exc}); grading each call "
               "in launches of its own", file=sys.stderr)

@@ -6,9 +6,11 @@ laptop), so here the calls that need the same world size share one launch.
 
 Sharing must never change a verdict, so:
 
-- A pass is kept.  The ranks run the answers one after another, each on its
-  own cases, and a right answer does not become right by running after
-  another one.
+- A pass is kept if the answer ran in under half its exercise's timeout
+  (alone, a single wait longer than that would have timed out).  Before
+  each answer every rank reseeds as a fresh launch does and restores
+  torch's defaults, and after it the ranks meet at a barrier, so an answer
+  neither sees another's random state nor receives its messages.
 - A failure is kept only when its answer ran first in its launch.  An answer
   that ran after another one may have met what that answer left behind (a
   send nobody received, say), so it is graded again in a launch of its own.
@@ -25,9 +27,10 @@ rest one launch per call (``harness.grade_batch``).
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Hashable
 
-from .harness import _BACKEND_KEY, Exercise, _judge, _launch, _on_ranks, launch_failure
+from .harness import _BACKEND_KEY, Exercise, _judge, _launch, _run_task, _slot, launch_failure
 
 #: Added to an exception raised by the task at this index (only in a shared launch).
 TASK_NOTE = "parlab shared task "
@@ -37,11 +40,39 @@ PER_EXTRA_TASK = 10.0
 
 
 def task_of(err: BaseException) -> int | None:
-    """The index of the task whose exception ended a shared launch, if it says."""
-    text = "\n".join(str(x) for x in (err, getattr(err, "remote_traceback", ""),
-                                      *getattr(err, "failures", {}).values()))
-    found = _NOTE.search(text)
+    """The index of the task whose exception ended a shared launch, if it says.
+
+    The note is the last line of the traceback of the rank that raised first;
+    text the answer printed or put in its exception cannot stand in for it.
+    """
+    if getattr(err, "phase", None) != "raised":
+        return None
+    lines = getattr(err, "remote_traceback", "").rstrip().splitlines()
+    found = re.fullmatch(re.escape(TASK_NOTE) + r"(\d+)", lines[-1].strip()) if lines else None
     return int(found.group(1)) if found else None
+
+
+def _on_ranks_shared(tasks: list) -> dict:
+    """On each rank: every task as a fresh launch would run it, timed, with a barrier after it."""
+    import torch
+    import torch.distributed as dist
+
+    from .. import check
+    from ..launch.worker import seed_everything
+
+    n, rank = dist.get_world_size(), dist.get_rank()
+    backend = str(dist.get_backend())
+    out: dict = {_BACKEND_KEY: backend}
+    with check.judged_on(backend):
+        for key, ex, answer, cases in tasks:
+            seed_everything(rank)  # as a launch with seed=0 (harness._launch) starts rank `rank`
+            torch.set_default_dtype(torch.float32)
+            torch.set_grad_enabled(True)
+            start = time.perf_counter()
+            out[_slot(key)] = _run_task(ex, answer, cases, n, False, f"{TASK_NOTE}{_slot(key)}")
+            out[_slot(key)]["seconds"] = time.perf_counter() - start
+            dist.barrier()
+    return out
 
 
 def without_notes(text: str) -> str:
@@ -49,14 +80,17 @@ def without_notes(text: str) -> str:
 
 
 def grade_shared(items: list[tuple[Hashable, str, Exercise, object, bool]], *,
-                 after: dict | None = None, backend: str | None = None) -> dict:
+                 after: dict | None = None, backend: str | None = None,
+                 deadline: float | None = None) -> dict:
     """{key: message or None} for the items ``(key, name, exercise, answer, hidden)`` it could decide.
 
     ``name`` is the answer's name, for messages; ``key`` tells items apart.
     ``after`` maps a key to the key graded before it in the same test cell:
-    once that one has failed, this one is moot and is not run.
+    once that one has failed, this one is moot and is not run.  No launch
+    starts that could run past ``deadline`` (``time.monotonic()``); what is
+    left then stays undecided.
     """
-    state = _State(after or {})
+    state = _State(after or {}, deadline)
     sizes = sorted({n for *_, ex, _, hidden in items for n, _ in ex.sets(hidden)}, reverse=True)
     for n in sizes:
         tasks = [(key, name, ex, answer, tuple(cases)) for key, name, ex, answer, hidden in items
@@ -72,8 +106,9 @@ def grade_shared(items: list[tuple[Hashable, str, Exercise, object, bool]], *,
 class _State:
     """What the shared launches have decided so far."""
 
-    def __init__(self, after: dict):
+    def __init__(self, after: dict, deadline: float | None = None):
         self.after = after
+        self.deadline = deadline
         self.decided: dict = {}   # key -> message, or None for an answer that passed every size so far
         self.undecided: set = set()  # keys left to a launch of their own
         self.passed_on: dict = {}    # key -> the world sizes it passed on
@@ -92,8 +127,11 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
     decided, undecided = state.decided, state.undecided
     on_ranks = [((f"{i}",), ex, answer, cases) for i, (_, _, ex, answer, cases) in enumerate(tasks)]
     wait = max(ex.timeout for _, _, ex, _, _ in tasks) + PER_EXTRA_TASK * (len(tasks) - 1)
+    if state.deadline is not None and time.monotonic() + wait > state.deadline:
+        undecided.update(t[0] for t in tasks)  # no time to share: each is graded alone
+        return []
     try:
-        per_rank = _launch(_on_ranks, (on_ranks, False, TASK_NOTE), nproc=n, timeout=wait,
+        per_rank = _launch(_on_ranks_shared, (on_ranks,), nproc=n, timeout=wait,
                            isolate=True, backend=backend)
     except Exception as err:  # noqa: BLE001 - a LaunchError: one answer failed, or the launch did
         culprit = task_of(err)
@@ -111,7 +149,10 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
     used = per_rank[0].get(_BACKEND_KEY, "gloo")
     for i, (key, name, ex, _, cases) in enumerate(tasks):
         message = _judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
-        if message is None:
+        slow = max(out[f"{i}"].get("seconds", 0.0) for out in per_rank) > ex.timeout / 2
+        if message is None and slow:
+            undecided.add(key)  # alone, a wait that long could have timed out: grade it alone
+        elif message is None:
             decided.setdefault(key, None)  # passed at this size; the next size may still fail it
             state.passed_on.setdefault(key, set()).add(n)
         elif i == 0:
