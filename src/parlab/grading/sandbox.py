@@ -65,18 +65,17 @@ def grade_request(call: dict) -> dict:
 
 def shared_verdicts(cells: list[dict], deadline: float | None = None) -> dict:
     """{(cell key, call index): verdict} for the calls graded in shared launches (until ``deadline``)."""
-    items, exercises = [], {}
+    items, known = [], {}  # known: key -> (exercise, call)
     for cell in cells:
         for i, call in enumerate(cell["calls"]):
             exercise = _exercise(call)
             if exercise is not None:
                 key = (cell["key"], i)
-                exercises[key] = exercise
+                known[key] = exercise, call
                 items.append((key, str(call["name"]), exercise,
                               Payload(Path(call["payload"]).read_bytes()), bool(call["hidden"])))
-    calls = {(cell["key"], i): call for cell in cells for i, call in enumerate(cell["calls"])}
-    after = {(cell, i): (cell, i - 1) for cell, i in calls if i > 0}  # a cell stops at its first failure
-    return {key: _verdict(exercises[key], calls[key], message)
+    after = {(cell, i): (cell, i - 1) for cell, i in known if i > 0}  # a cell stops at its first failure
+    return {key: _verdict(*known[key], message)
             for key, message in grade_shared(items, after=after, deadline=deadline).items()}
 
 

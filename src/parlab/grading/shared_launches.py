@@ -48,7 +48,7 @@ def task_of(err: BaseException) -> int | None:
     if getattr(err, "phase", None) != "raised":
         return None
     lines = getattr(err, "remote_traceback", "").rstrip().splitlines()
-    found = re.fullmatch(re.escape(TASK_NOTE) + r"(\d+)", lines[-1].strip()) if lines else None
+    found = _NOTE.fullmatch(lines[-1].strip()) if lines else None
     return int(found.group(1)) if found else None
 
 
