@@ -129,7 +129,7 @@ def run(steps: int, warmup: int, d_model: int, n_layer: int, batch: int, seq: in
             dt = time.perf_counter() - t0
             if step >= warmup:
                 times[kind].append(dt)
-                wire[kind] = counter.total_wire_bytes
+                wire[kind] = counter.total_ring_bytes
     diff = max((a - b).abs().max().item() for a, b in
                zip(models["bucketed"].parameters(), models["ddp"].parameters()))
     psi = sum(p.numel() for p in models["naive"].parameters())

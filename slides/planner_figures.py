@@ -5,10 +5,13 @@ scenario in ``planner.SCENARIOS``; ``scenario_plans()`` draws them (memory per
 GPU stacked by kind against the GPU's capacity, the plan, the predicted
 tokens/s and, where the scenario has a token budget, the days to train).  For
 a scenario where nothing fits it draws the candidate plan that needs the
-least memory, hatched, and says why none fits.  ``calculator_report()`` is
+least memory, hatched, and says why none fits (``planner.infeasible``).  ``calculator_report()`` is
 ``parlab.calculator.report`` for the plan the calculator starts on, with its
-text drawn under the bars.  These are predictions of the planner's model (see
-its docstring for what it leaves out), not measurements.
+text drawn under the bars.  These are predictions of planner v2's model (GEMMs
+at ``Cluster.efficiency`` of peak times a shape factor, each axis's traffic
+overlapped where Megatron-LM/FSDP overlap it, a latency per collective, plans
+within ``Cluster.headroom`` of HBM; see its docstring for what it leaves out),
+not measurements.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from parlab.calculator import report  # noqa: E402
 GB = 1e9
 KINDS = ("weights", "grads", "optimizer", "activations")
 CALCULATOR_SCENARIO = "70B on 64 H100s"  # what the slide starts the calculator on
+MEMORY_REASON = "needs more memory per GPU than a plan may use"  # planner.infeasible's key for memory
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,11 @@ class ScenarioRow:
 
 def closest_candidate(work: planner.Workload) -> planner.Prediction:
     """The candidate plan whose only problem is memory and that needs the least of it."""
-    memory_only = [p for p in planner.candidates(work) if len(planner.problems(p, work)) == 1]
+    if MEMORY_REASON not in planner.infeasible(work):
+        raise ValueError(f"no candidate plan for {work.model.name} on {work.cluster.gpus} GPUs fails "
+                         "on memory: check the workload's shape (heads, layers, batch)")
+    memory_only = [p for p in planner.candidates(work)
+                   if [q for q in planner.problems(p, work) if "GB per GPU" not in q] == []]
     if not memory_only:
         raise ValueError(f"no candidate plan for {work.model.name} on {work.cluster.gpus} GPUs fails "
                          "on memory alone; check the workload's shape (heads, layers, batch)")
@@ -73,9 +81,15 @@ def _row_text(row: ScenarioRow) -> tuple[str, str]:
     """(first line, second line) of the column beside the bars."""
     c = row.work.cluster
     if row.best is None:
-        states, total = cost.training_bytes(row.work.model.params).total, c.gpus * c.memory
-        why = (f"{states / GB:,.0f} GB of model states > {total / GB:,.0f} GB on {c.gpus} GPUs"
-               if states > total else f"every layout needs more than {c.memory / GB:.0f} GB per GPU")
+        reasons = planner.infeasible(row.work)
+        states = cost.model_state_bytes(row.work.model.params, 1, 0, row.work.precision)
+        total = c.gpus * c.memory
+        if states > total:
+            why = f"{states / GB:,.0f} GB of model states > {total / GB:,.0f} GB on {c.gpus} GPUs"
+        elif list(reasons) == [MEMORY_REASON]:
+            why = f"every layout needs more than {c.usable_memory / GB:.0f} GB per GPU"
+        else:
+            why = "; ".join(reasons)
         return f"nothing fits: {why}", f"closest: {row.closest.plan}"
     line = f"{sum(row.best.memory.values()) / GB:.1f} GB · {row.best.tokens_per_second:,.0f} tokens/s"
     if row.days is not None:
@@ -111,17 +125,24 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
         side.text(0.0, y + 0.22, second, va="center", fontsize=11.5, color="#333333")
     ax.axvline(cap, color="#c0392b", ls="--", lw=1.6)
     ax.text(cap + 2, -0.6, f"{cap:.0f} GB per GPU", color="#c0392b", ha="left", va="center", fontsize=11)
+    usable = {row.work.cluster.usable_memory for row in rows}
+    if len(usable) == 1 and (u := usable.pop() / GB) < cap:
+        ax.axvline(u, color="#7f7f7f", ls=":", lw=1.4)
+        ax.text(u - 2, -0.6, f"{u:.0f} GB usable", color="#555555", ha="right", va="center", fontsize=10)
     ax.set_yticks(range(len(rows)), [row.name for row in rows], fontsize=12)
     ax.set_ylim(len(rows) - 0.5, -0.9)
     ax.set_xlim(0, max(sum(r.shown.memory.values()) for r in rows) / GB * 1.2)
-    ax.set_xlabel("GB per GPU (the GPU that holds pipeline stage 0)", fontsize=11)
+    ax.set_xlabel("GB per GPU (the busiest GPU: its pipeline stage holds the most)", fontsize=11)
     fig.legend(ncol=4, fontsize=11, loc="outside lower center", frameon=False)
     for spine in ("top", "right"):
         ax.spines[spine].set_visible(False)
     side.axis("off")
     side.set_xlim(0, 1)
-    fig.suptitle("the fastest plan that fits, by parlab.planner.search (predicted, nothing overlapped, "
-                 "50 % of peak)", fontsize=12.5)
+    eff = "/".join(sorted({f"{row.work.cluster.efficiency:.0%}" for row in rows}))
+    room = "/".join(sorted({f"{row.work.cluster.headroom:.0%}" for row in rows}))
+    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search (predicted by planner v2: GEMMs at {eff} "
+                 f"of peak × a shape factor, traffic overlapped where Megatron overlaps it, ≤ {room} of HBM)",
+                 fontsize=11.5)
     return fig
 
 

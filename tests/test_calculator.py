@@ -12,9 +12,14 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 def test_it_starts_on_the_best_plan_of_the_scenario():
     calc = calculator("70B on 64 H100s")
     best = planner.search(planner.SCENARIOS["70B on 64 H100s"]).plan
-    assert (calc.tp.value, calc.pp.value, calc.zero.value, calc.recompute.value) == \
-        (best.tp, best.pp, best.zero, best.recompute)
-    assert calc.summary.value.startswith("<b>fits</b>")
+    assert (calc.tp.value, calc.cp.value, calc.pp.value, calc.zero.value, calc.recompute.value) == \
+        (best.tp, best.cp, best.pp, best.zero, best.recompute)
+    assert calc.recompute.value in ("none", "selective", "full")
+    assert calc.summary.value.startswith("<b>fits</b>") and "busiest GPU" in calc.summary.value
+    assert "of the 72 GB a plan may use (90% of 80 GB)" in calc.summary.value
+    time = planner.predict(best, planner.SCENARIOS["70B on 64 H100s"]).time
+    assert f"bubble {time['bubble']:.2f}" in calc.summary.value and f"CP {time['cp']:.2f}" in calc.summary.value
+    assert "busiest GPU" in calc.last_figure.axes[0].get_xlabel()
     bars = calc.last_figure.axes[0].patches
     assert [round(b.get_width(), 3) for b in bars] == \
         [round(v / 1e9, 3) for v in planner.memory_breakdown(best, planner.SCENARIOS["70B on 64 H100s"].model).values()]
@@ -22,10 +27,14 @@ def test_it_starts_on_the_best_plan_of_the_scenario():
 
 def test_a_slider_change_redraws_and_names_what_does_not_fit():
     calc = calculator("70B on 64 H100s")
-    calc.recompute.value = False
+    calc.pp.value, calc.zero.value, calc.recompute.value = 1, 0, "none"
     assert "does not fit" in calc.summary.value and "activations" in calc.summary.value
+    assert "over the 72 GB a plan may use" in calc.summary.value
+    before = calc.summary.value
+    calc.recompute.value = "full"
+    assert calc.summary.value != before and "full recompute" in calc.last_figure.axes[0].get_title()
     calc.tp.value = 3
-    assert "tp·pp = 48 does not divide the 64 GPUs" in calc.summary.value and calc.last_figure is None
+    assert "tp·pp = 3 does not divide the 64 GPUs" in calc.summary.value and calc.last_figure is None
 
 
 def test_switching_scenario_loads_it_and_says_when_nothing_fits():
@@ -38,13 +47,29 @@ def test_switching_scenario_loads_it_and_says_when_nothing_fits():
 def test_time_to_train_is_shown_for_the_15t_scenario():
     calc = calculator("70B on 15T tokens (2048 H100s)")
     assert "time to train on 1.5e+13 tokens" in calc.summary.value and "days" in calc.summary.value
+    work = planner.SCENARIOS["70B on 15T tokens (2048 H100s)"]
+    days = planner.time_to_train(planner.search(work).plan, work) / 86400
+    assert f"{days:,.1f} days" in calc.summary.value
 
 
 def test_a_custom_workload_with_odd_sizes_starts():
     work = planner.Workload(planner.ModelSpec("13B", 13e9, 40, 5120, 40, 4096),
                             planner.Cluster(12, gpus_per_node=6), 96)
     calc = calculator(work)
-    assert calc.gpus.value == 12 and "fits" in calc.summary.value
+    assert calc.gpus.value == 12 and calc.summary.value.startswith("<b>fits</b>")
+
+
+def test_a_scenario_keeps_its_vocabulary_and_kv_heads():
+    calc = calculator("70B on 64 H100s")
+    model = calc.workload().model
+    assert (model.vocab, model.ffn, model.kv_heads) == (32000, 28672, 8)
+
+
+def test_a_micro_batch_that_does_not_divide_a_replicas_rows_is_named():
+    calc = calculator("7B on 8 H100s")
+    calc.tp.value, calc.pp.value, calc.micro.value = 1, 1, 64  # dp = 8: 32 rows each
+    assert "does not divide the global batch of 256" in calc.summary.value
+    assert "global_batch / dp rows" in calc.summary.value and calc.last_figure is None
 
 
 def test_report_lists_every_problem():

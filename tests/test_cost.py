@@ -164,7 +164,7 @@ def test_mfu_and_time_to_train():
     (lambda: cost.bubble_fraction(4, 8, "zigzag"), "'gpipe', '1f1b', 'interleaved'"),
     (lambda: cost.bubble_fraction(4, 8, definition="other"), "'share', 'megatron'"),
     (lambda: cost.busbw_factor("gather_all", 4), "all_reduce"),
-    (lambda: cost.activations_held(4, 8, "interleaved"), "'gpipe', '1f1b'"),
+    (lambda: cost.activations_held(4, 8, "zigzag"), "'gpipe', '1f1b', 'interleaved'"),
     (lambda: cost.dtype_bytes("fp7"), "bf16"),
 ])
 def test_unknown_choices_name_allowed_values(call, allowed):
@@ -202,3 +202,18 @@ def test_cost_does_not_import_torch_at_module_level():
     names = {a.name.split(".")[0] for n in top for a in n.names} | {
         (n.module or "").split(".")[0] for n in top if isinstance(n, ast.ImportFrom)}
     assert "torch" not in names
+
+
+def test_interleaved_1f1b_holds_1_plus_p_minus_1_over_pv_on_stage_0():
+    # Megatron-LM warm-up: 2(p-1) + (v-1)p chunks, each 1/v of a stage
+    assert cost.activations_held(4, 16, "interleaved", 0, v=2) == pytest.approx(4 * (1 + 3 / 8))
+    assert cost.activations_held(4, 1, "interleaved", 0, v=2) == 1  # never more than m
+
+
+def test_flash_attention_drops_the_scores_term_and_megatron_sp_moves_10_units():
+    sbh = 4096 * 8192
+    assert cost.activation_bytes_per_layer(4096, 1, 8192, 64, scores=False) == 34 * sbh
+    assert cost.activation_bytes_per_layer(4096, 1, 8192, 64, recompute="selective") == 34 * sbh
+    assert cost.tp_comm_elems_per_layer(1, 4096, 8192, 8, sp=True) == 10 * sbh * 7 / 8
+    assert cost.tp_comm_elems_per_layer(1, 4096, 8192, 8, recompute="full") == 12 * sbh * 7 / 8
+    assert cost.model_state_bytes(1e9, 8, 1, "fp32_grads") == pytest.approx((6 + 12 / 8) * 1e9)

@@ -33,7 +33,7 @@ def _rank_body():
         for p in model.parameters():
             dist.all_reduce(p.grad)
     out = {"n": n, "psi": cost.count_params(model), "dp": dp.summary(),
-           "dp_total": dp.total_wire_bytes, "dp_spans": [s.name for s in trace.spans()],
+           "dp_total": dp.total_ring_bytes, "dp_spans": [s.name for s in trace.spans()],
            "grad0": model[0].bias.grad.clone()}
 
     x = torch.full((K,), float(rank))
@@ -97,10 +97,10 @@ def _expected_ops(rank: int, n: int) -> dict:
 def _check_rank(rank: int, out: dict) -> None:
     n, psi = out["n"], out["psi"]
     assert psi == 58
-    # THE key check: wire bytes of one naive DP step == the cost model, exactly
+    # THE key check: ring-model bytes of one naive DP step == the cost model, exactly
     assert out["dp_total"] == cost.dp_comm_elems(psi, n) * F32
     assert out["dp"] == {"all_reduce": {"calls": 4, "bytes": psi * F32,
-                                        "wire_bytes": cost.dp_comm_elems(psi, n) * F32}}
+                                        "ring_bytes": cost.dp_comm_elems(psi, n) * F32}}
     assert out["dp_spans"] == ["all_reduce"] * 4
     # every op counted once with the right payload and bytes sent
     exp = _expected_ops(rank, n)
@@ -108,7 +108,7 @@ def _check_rank(rank: int, out: dict) -> None:
     for op, (nbytes, wire) in exp.items():
         got = out["ops"][op]
         assert (got["calls"], got["bytes"]) == (1, nbytes), op
-        assert got["wire_bytes"] == pytest.approx(wire), op
+        assert got["ring_bytes"] == pytest.approx(wire), op
     assert out["restored"]
     # the wrappers passed every argument through: the collectives really ran
     ranks = torch.arange(n, dtype=torch.float32)
@@ -145,7 +145,7 @@ def test_counter_multi_rank(n):
         assert torch.allclose(out["grad0"], results[0]["grad0"])
 
 
-def test_expected_wire_bytes_are_not_trivial():
+def test_expected_ring_bytes_are_not_trivial():
     # guards the key check: at n=3 the count is fractional and differs from 2Ψ
     assert cost.dp_comm_elems(58, 3) * F32 != 2 * 58 * F32
     assert cost.dp_comm_elems(58, 3) * F32 == pytest.approx(58 * F32 * 4 / 3)
@@ -158,7 +158,7 @@ def test_counter_restores_on_exception_and_without_group():
             assert dist.all_reduce is not originals["all_reduce"]
             raise RuntimeError("boom")
     assert all(getattr(dist, op) is fn for op, fn in originals.items())
-    assert c.summary() == {} and c.total_wire_bytes == 0
+    assert c.summary() == {} and c.total_ring_bytes == 0
 
 
 # ---------------------------------------------------------------- spans

@@ -4,12 +4,17 @@
     calculator()                      # starts on "7B on 8 H100s"
     calculator("70B on 64 H100s")     # any name in parlab.planner.SCENARIOS
 
-Sliders set the model, the cluster and the plan (tp, pp, ZeRO stage,
-micro-batch, recomputation; dp = GPUs / (tp·pp) and the accumulation steps
-follow from the global batch).  Every change redraws the memory per GPU,
-split into weights, gradients, optimizer states and activations, against the
-GPU's capacity, and lists the predicted step time, throughput and time to
-train, or every reason the layout cannot run.  "Best plan" sets the sliders to
+Sliders set the model, the cluster and the plan (tp, cp, pp, ZeRO stage,
+micro-batch, recomputation "none"/"selective"/"full"; dp = GPUs / (cp·tp·pp)
+and the accumulation steps follow from the global batch: each replica takes
+global_batch / dp rows, which the micro-batch must divide).  A scenario keeps
+its model's vocabulary, FFN width and K/V heads and its cluster's links and
+presets; the sliders change the rest.  Every change redraws the memory of the
+busiest GPU (the busiest pipeline stage), split into weights, gradients,
+optimizer states and activations, against the GPU's capacity and the share of
+it a plan may use (``Cluster.headroom``), and lists the predicted step time by
+part (compute, bubble, TP, CP, PP, DP), throughput and time to train, or every
+reason the layout cannot run.  "Best plan" sets the sliders to
 ``planner.search``'s answer.  The numbers are ``parlab.planner``'s model (see
 its docstring for what it counts and what it leaves out).
 
@@ -19,6 +24,8 @@ HTML summary, for the slides and the tests.
 from __future__ import annotations
 
 import html
+
+from dataclasses import replace
 
 from . import planner
 from .planner import Cluster, ModelSpec, Plan, Workload
@@ -42,32 +49,44 @@ def report(plan: Plan, work: Workload):
     """(matplotlib Figure, HTML text) for ``plan`` on ``work``: memory bars and the predictions."""
     import matplotlib.pyplot as plt
 
-    guess = planner.predict(plan, work)
+    try:
+        guess = planner.predict(plan, work)
+        memory, problems, t = guess.memory, guess.problems, guess.time
+    except ValueError:  # a plan that cannot exist on this cluster: no time, but every reason
+        guess, t = None, None
+        memory, problems = planner.memory_breakdown(plan, work.model), tuple(planner.problems(plan, work))
+    fits = not problems
     fig, ax = plt.subplots(figsize=(7.5, 2.3))
     left = 0.0
-    for kind, value in guess.memory.items():
+    for kind, value in memory.items():
         ax.barh([0], [value / 1e9], left=left, color=KIND_COLORS[kind], label=f"{kind} {value / 1e9:.1f}")
         left += value / 1e9
     cap = work.cluster.memory / 1e9
     ax.axvline(cap, color="black", lw=2, ls="--")
     ax.text(cap, 0.45, f" {cap:.0f} GB per GPU", va="bottom", ha="left" if left < cap * 1.4 else "right")
+    usable = work.cluster.usable_memory / 1e9
+    if usable < cap:
+        ax.axvline(usable, color="grey", lw=1.5, ls=":")
+        ax.text(usable, -0.45, f"{work.cluster.headroom:.0%} ", va="top", ha="right", fontsize=8, color="grey")
     ax.set_yticks([])
     ax.set_xlim(0, max(cap, left) * 1.15)
-    ax.set_xlabel("GB on the GPU that holds pipeline stage 0")
+    ax.set_xlabel("GB on the busiest GPU (its pipeline stage holds the most)")
     ax.set_title(f"{work.model.name}: {plan}", fontsize=10)
     ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.75), frameon=False)
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     fig.subplots_adjust(left=0.03, right=0.97, top=0.82, bottom=0.42)
-    t = guess.time
-    lines = [f"<b>{'fits' if guess.fits else 'does not fit'}</b>: {sum(guess.memory.values()) / 1e9:.1f} GB "
-             f"of {cap:.0f} GB per GPU",
-             f"step {t['total']:.2f} s = compute {t['compute']:.2f} + TP {t['tp']:.2f} + PP {t['pp']:.2f} "
-             f"+ DP {t['dp']:.2f}; {guess.tokens_per_second:,.0f} tokens/s"]
-    if work.tokens:
+    lines = [f"<b>{'fits' if fits else 'does not fit'}</b>: {sum(memory.values()) / 1e9:.1f} GB "
+             f"on the busiest GPU, of the {usable:.0f} GB a plan may use ({work.cluster.headroom:.0%} of "
+             f"{cap:.0f} GB)"]
+    if t is not None:
+        lines.append(f"step {t['total']:.2f} s = compute {t['compute']:.2f} + bubble {t['bubble']:.2f} "
+                     f"+ TP {t['tp']:.2f} + CP {t['cp']:.2f} + PP {t['pp']:.2f} + DP {t['dp']:.2f} "
+                     f"(exposed); {guess.tokens_per_second:,.0f} tokens/s")
+    if t is not None and work.tokens:
         lines.append(f"time to train on {work.tokens:.3g} tokens: "
                      f"{_days(planner.time_to_train(plan, work))}")
-    lines += [f"<span style='color:#c0392b'>✗ {html.escape(p)}</span>" for p in guess.problems]
+    lines += [f"<span style='color:#c0392b'>✗ {html.escape(p)}</span>" for p in problems]
     return fig, "<br>".join(lines)
 
 
@@ -102,18 +121,20 @@ class Calculator:
         self.tokens = slider(w.FloatLogSlider, "tokens to train", base=10, min=9, max=14, step=0.01,
                              value=work.tokens or 1e12, readout_format=".3g")
         self.tp = slider(w.SelectionSlider, "tp", options=list(range(1, 17)), value=1)
+        self.cp = slider(w.SelectionSlider, "cp", options=[1, 2, 4, 8, 16], value=1)
         self.pp = slider(w.SelectionSlider, "pp", options=list(range(1, 65)), value=1)
         self.zero = w.ToggleButtons(options=[0, 1, 2, 3], value=0, description="ZeRO stage",
                                     style={**style, "button_width": "44px"})
         self.micro = slider(w.SelectionSlider, "micro-batch", options=[2 ** k for k in range(0, 9)], value=1)
-        self.recompute = w.Checkbox(value=False, description="recompute activations")
+        self.recompute = w.ToggleButtons(options=list(planner.RECOMPUTE), value="none",
+                                         description="recompute", style={**style, "button_width": "72px"})
         self.best = w.Button(description="Best plan", button_style="primary")
         self.summary = w.HTML()
         self.plot = w.Output()
         self.last_figure = None
         self._quiet = False
         inputs = [self.params, self.layers, self.hidden, self.heads, self.seq, self.gpus, self.per_node,
-                  self.memory, self.batch, self.tokens, self.tp, self.pp, self.zero, self.micro,
+                  self.memory, self.batch, self.tokens, self.tp, self.cp, self.pp, self.zero, self.micro,
                   self.recompute]
         for widget in inputs:
             widget.observe(lambda change: self.update(), names="value")
@@ -122,10 +143,11 @@ class Calculator:
         model_box = w.VBox([w.HTML("<b>Model</b>"), self.params, self.layers, self.hidden, self.heads, self.seq])
         cluster_box = w.VBox([w.HTML("<b>Cluster and run</b>"), self.gpus, self.per_node, self.memory,
                               self.batch, self.tokens])
-        plan_box = w.VBox([w.HTML("<b>Plan</b> (dp = GPUs / (tp·pp))"), self.tp, self.pp, self.zero,
+        plan_box = w.VBox([w.HTML("<b>Plan</b> (dp = GPUs / (cp·tp·pp))"), self.tp, self.cp, self.pp, self.zero,
                            self.micro, self.recompute, self.best])
         columns = w.HBox([model_box, cluster_box, plan_box], layout=w.Layout(flex_flow="row wrap"))
         self.box = w.VBox([self.scenario, columns, self.plot, self.summary])
+        self.base = work  # the model's vocabulary, FFN, K/V heads and the cluster's links
         self.choose_best()
 
     def _ipython_display_(self) -> None:
@@ -135,29 +157,41 @@ class Calculator:
 
     # ------------------------------------------------------------ reading and writing the widgets
     def workload(self) -> Workload:
-        model = ModelSpec("custom" if self.scenario.value == "(custom)" else self.scenario.value.split()[0],
-                          self.params.value, self.layers.value, self.hidden.value, self.heads.value,
-                          self.seq.value)
-        cluster = Cluster(self.gpus.value, gpus_per_node=self.per_node.value, memory=self.memory.value * 1e9)
-        return Workload(model, cluster, self.batch.value, tokens=self.tokens.value)
+        """The sliders' workload: the starting one's model and cluster with the sliders' values.
+
+        Raises ValueError when the sliders describe a model that cannot exist (for example fewer
+        parameters than its embedding and output layer)."""
+        base = self.base
+        name = base.model.name if self.scenario.value == "(custom)" else self.scenario.value.split()[0]
+        model = replace(base.model, name=name, params=self.params.value, layers=self.layers.value,
+                        hidden=self.hidden.value, heads=self.heads.value, seq=self.seq.value)
+        if model.kv_heads and model.heads % model.kv_heads:
+            model = replace(model, kv_heads=0)
+        cluster = replace(base.cluster, gpus=self.gpus.value, gpus_per_node=self.per_node.value,
+                          memory=self.memory.value * 1e9)
+        return replace(base, model=model, cluster=cluster, global_batch=self.batch.value,
+                       tokens=self.tokens.value)
 
     def plan(self, work: Workload) -> tuple[Plan | None, str]:
         """The plan the sliders describe, or None and why it cannot be formed."""
-        tp, pp = self.tp.value, self.pp.value
-        if work.cluster.gpus % (tp * pp):
-            return None, f"tp·pp = {tp * pp} does not divide the {work.cluster.gpus} GPUs"
-        dp = work.cluster.gpus // (tp * pp)
+        tp, cp, pp = self.tp.value, self.cp.value, self.pp.value
+        if work.cluster.gpus % (tp * cp * pp):
+            what = f"cp·tp·pp = {cp * tp * pp}" if cp > 1 else f"tp·pp = {tp * pp}"
+            return None, f"{what} does not divide the {work.cluster.gpus} GPUs"
+        dp = work.cluster.gpus // (tp * cp * pp)
         if work.global_batch % (dp * self.micro.value):
             return None, (f"dp·micro-batch = {dp}·{self.micro.value} does not divide the global batch "
-                          f"of {work.global_batch}")
-        return Plan(dp=dp, tp=tp, pp=pp, zero=self.zero.value if dp > 1 else 0,
+                          f"of {work.global_batch}: the micro-batch must divide a replica's "
+                          f"global_batch / dp rows")
+        return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero=self.zero.value if dp * cp > 1 else 0,
                     micro_batch=self.micro.value, accum=work.global_batch // (dp * self.micro.value),
-                    recompute=self.recompute.value), ""
+                    recompute=self.recompute.value, precision=work.precision), ""
 
     def load(self, name: str) -> None:
         if name not in planner.SCENARIOS:
             return
         work = planner.SCENARIOS[name]
+        self.base = work
         self._quiet = True
         try:
             m, c = work.model, work.cluster
@@ -172,14 +206,18 @@ class Calculator:
         self.choose_best()
 
     def choose_best(self) -> None:
-        work = self.workload()
+        try:
+            work = self.workload()
+        except ValueError:
+            self.update()
+            return
         found = planner.search(work)
         if found is not None and found.plan.tp in self.tp.options and found.plan.pp in self.pp.options \
-                and found.plan.micro_batch in self.micro.options:
+                and found.plan.cp in self.cp.options and found.plan.micro_batch in self.micro.options:
             self._quiet = True
             try:
                 p = found.plan
-                self.tp.value, self.pp.value, self.zero.value = p.tp, p.pp, p.zero
+                self.tp.value, self.cp.value, self.pp.value, self.zero.value = p.tp, p.cp, p.pp, p.zero
                 self.micro.value, self.recompute.value = p.micro_batch, p.recompute
             finally:
                 self._quiet = False
@@ -191,8 +229,12 @@ class Calculator:
         import matplotlib.pyplot as plt
         from IPython.display import display
 
-        work = self.workload()
-        plan, why_not = self.plan(work)
+        try:
+            work = self.workload()
+        except ValueError as bad:
+            work, plan, why_not = None, None, str(bad)
+        else:
+            plan, why_not = self.plan(work)
         note = ("<br><b>No layout fits this model on this cluster.</b>" if nothing_fits else "")
         with self.plot:
             self.plot.clear_output(wait=True)

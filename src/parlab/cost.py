@@ -125,6 +125,24 @@ def training_bytes(n_params: float, weight_bytes: float = 2, grad_bytes: float =
 
 ZERO_STAGES = (0, 1, 2, 3)
 
+#: Bytes per parameter (weights, gradients, optimizer states) by precision recipe.
+#:   "zero16"      2 + 2 + 12 = 16: bf16/fp16 weights and gradients, fp32 master, momentum and
+#:                 variance (ZeRO, Rajbhandari et al. 2019, §3.1)
+#:   "fp32_grads"  2 + 4 + 12 = 18: Megatron-LM's bf16 training keeps fp32 main gradients
+#:                 (Megatron-LM docs, distributed optimizer: 6 + 12/d bytes with ZeRO-1 over d)
+PRECISIONS = {"zero16": (2, 2, 12), "fp32_grads": (2, 4, 12)}
+
+
+def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "zero16") -> float:
+    """``zero_memory_per_gpu`` with the bytes of a precision recipe (``PRECISIONS``).
+
+    "fp32_grads" gives 18Ψ, 6Ψ + 12Ψ/d (ZeRO-1, Megatron's distributed optimizer),
+    2Ψ + 16Ψ/d (ZeRO-2) and 18Ψ/d (ZeRO-3).
+    """
+    _choice("precision", precision, PRECISIONS)
+    w, g, o = PRECISIONS[precision]
+    return zero_memory_per_gpu(n_params, dp, stage, w, g, o)
+
 
 def zero_memory_per_gpu(n_params: float, dp: int, stage: int, weight_bytes: float = 2,
                         grad_bytes: float = 2, optim_bytes: float = 12) -> float:
@@ -150,28 +168,52 @@ def zero_memory_per_gpu(n_params: float, dp: int, stage: int, weight_bytes: floa
     return b.total / dp
 
 
+RECOMPUTE = ("none", "selective", "full")
+
+
+def recompute_mode(recompute) -> str:
+    """``"none"``, ``"selective"`` or ``"full"``; the old bool still works (False -> "none", True -> "full")."""
+    if recompute is True or recompute is False:
+        return "full" if recompute else "none"
+    return _choice("recompute", recompute, RECOMPUTE)
+
+
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                               recompute: bool = False) -> float:
+                               recompute=False, scores: bool = True, ffn: int | None = None) -> float:
     """Activation memory of one transformer layer, 16-bit activations.
 
     Korthikanti et al. 2022 (arXiv 2205.05198), Table 2:
       t = 1, no recompute              sbh(34 + 5as/h)
       tensor parallel (t > 1)          sbh(10 + 24/t + 5as/(ht))
       tensor + sequence parallel (sp)  sbh(34 + 5as/h) / t
-      full recomputation               2sbh  (only the layer input is kept;
-                                        the table gives 2sbh whatever t is)
-    The tensor-parallel row with t = 1 equals the first row.
+      selective recomputation (§4)     the 5as/h term (scores, softmax, dropout mask) is
+                                       recomputed, so it drops out of every row
+      full recomputation               2sbh  (only the layer input is kept; the table gives
+                                       2sbh whatever t is; with sp the kept input is
+                                       sequence-sharded, 2sbh/t)
+    ``scores=False`` is attention that never stores the s×s scores
+    (FlashAttention, ``scaled_dot_product_attention``): the 5as/h term is 0 and
+    "selective" equals "none".  ``scores=True`` (the default) is the table as
+    printed.  ``ffn``: the MLP width when it is not 4h; the 16 units of the
+    MLP's two 4h-wide tensors (first linear's output, GeLU's output) scale
+    with ffn/(4h).  Of the 34 units, 10 are the tensors TP does not split
+    (LayerNorm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2);
+    24 are split by t.  Gated MLPs (SwiGLU's extra tensor), grouped-query
+    K/V and the absence of dropout are not modelled.
+    ``recompute`` is "none", "selective" or "full" (or a bool: True = "full").
     """
     for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
         _nonneg(name, x)
     _at_least_one("t", t)
+    mode = recompute_mode(recompute)
     sbh = s * b * h
-    if recompute:
-        return 2 * sbh
-    attn = 5 * a * s / h  # the attention scores/softmax/dropout terms
+    if mode == "full":
+        return 2 * sbh / (t if sp else 1)
+    attn = 5 * a * s / h if scores and mode == "none" else 0.0  # scores/softmax/dropout terms
+    split = 24 + (16 * (ffn / (4 * h)) - 16 if ffn else 0)  # the parts TP splits
     if sp:
-        return sbh * (34 + attn) / t
-    return sbh * (10 + 24 / t + attn / t)
+        return sbh * (10 + split + attn) / t
+    return sbh * (10 + split / t + attn / t)
 
 
 # ---------------------------------------------------------------- communication
@@ -211,18 +253,40 @@ def zero_comm_elems(n_params: float, dp: int, stage: int, exact: bool = True) ->
     return zero3_comm_elems(n_params, dp, exact) if stage == 3 else dp_comm_elems(n_params, dp, exact)
 
 
-def tp_comm_elems_per_layer(b: int, s: int, h: int, t: int) -> float:
+def tp_comm_elems_per_layer(b: int, s: int, h: int, t: int, sp: bool = False,
+                            recompute=False) -> float:
     """Elements each rank sends per layer per micro-batch under Megatron TP.
 
     Two all-reduces of b·s·h activations in forward and two in backward
     (Shoeybi et al. 2019); each ring all-reduce sends 2(t-1)/t·bsh, giving
-    8·b·s·h·(t-1)/t (Narayanan et al. 2021, §3.2).  Sequence parallelism
-    (all-gather + reduce-scatter instead) moves the same volume.
+    8·b·s·h·(t-1)/t (Narayanan et al. 2021, §3.2).  The lab's sequence
+    parallelism (all-gather + reduce-scatter instead, sp=False here) moves the
+    same volume.  ``sp=True`` is Megatron's SP, which all-gathers the
+    sequence-sharded input again in backward for each column-parallel GEMM:
+    10 units of (t-1)/t·bsh instead of 8 (Korthikanti et al. 2022, §4.2.2).
+    ``recompute="full"`` (or True) repeats the forward's collectives when the
+    layer is recomputed: +4 units.
     """
     for name, x in (("b", b), ("s", s), ("h", h)):
         _nonneg(name, x)
     _at_least_one("t", t)
-    return 8 * b * s * h * (t - 1) / t
+    units = (10 if sp else 8) + (4 if recompute_mode(recompute) == "full" else 0)
+    return units * b * s * h * (t - 1) / t
+
+
+def cp_comm_elems_per_layer(b: int, s: int, h_kv: int, c: int) -> float:
+    """Elements each rank sends per layer per micro-batch under context parallelism (ring attention).
+
+    Each rank holds s/c tokens; their K and V (2·(s/c)·b·h_kv elements, h_kv =
+    h·kv_heads/heads) travel c-1 hops around the ring in forward; backward
+    passes K, V and their gradients dK, dV around again (Liu et al. 2023, ring
+    attention; Megatron-Core context-parallel docs):
+    forward 2(c-1)/c·s·b·h_kv, backward 4(c-1)/c·s·b·h_kv, 6(c-1)/c·s·b·h_kv in all.
+    """
+    for name, x in (("b", b), ("s", s), ("h_kv", h_kv)):
+        _nonneg(name, x)
+    _at_least_one("c", c)
+    return 6 * (c - 1) * s * b * h_kv / c
 
 
 def pp_comm_elems(b: int, s: int, h: int) -> float:
@@ -283,17 +347,28 @@ def pipeline_warmup(p: int, rank: int) -> int:
     return p - rank - 1
 
 
-def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0) -> int:
-    """Peak number of micro-batches whose activations a stage keeps.
+def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0, v: int = 1) -> float:
+    """Peak number of micro-batches whose activations a stage keeps (in units of a whole stage's layers).
 
     GPipe runs all m forwards before any backward: m.  1F1B keeps the
     warm-up forwards plus the one in flight: min(m, p - rank), at most p
-    (on stage 0).  Interleaved is not modelled here.
+    (on stage 0).  Interleaved 1F1B with v chunks per rank (Megatron-LM
+    schedules: warm-up 2(p - rank - 1) + (v - 1)p chunks, each 1/v of the
+    stage) keeps min(m·v, 2(p-rank-1) + (v-1)p + 1) / v: on stage 0 about
+    1 + (p-1)/(p·v) times what 1F1B holds there.
     """
-    _choice("schedule", schedule, ("gpipe", "1f1b"))
+    _choice("schedule", schedule, ("gpipe", "1f1b", "interleaved"))
     _at_least_one("m", m)
+    _at_least_one("v", v)
     warm = pipeline_warmup(p, rank)
-    return m if schedule == "gpipe" else min(m, warm + 1)
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        if v != 1:
+            raise ValueError(f"v={v} only applies to schedule='interleaved'")
+        return min(m, warm + 1)
+    chunks = min(m * v, 2 * warm + (v - 1) * p + 1)
+    return chunks / v
 
 
 # ---------------------------------------------------------------- bandwidth

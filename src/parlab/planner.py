@@ -1,54 +1,100 @@
-"""Choosing a parallel layout: memory and step-time predictions for a (dp, tp, pp) plan.
+"""Choosing a parallel layout (planner v2): memory and step-time predictions for a plan.
 
-A *plan* places a model on a cluster: data-parallel degree ``dp``, tensor
-``tp`` and pipeline ``pp`` degrees (dp·tp·pp = GPUs), a ZeRO stage for the
-data-parallel axis, a micro-batch size, the accumulation steps (micro-batches
-per step on each data-parallel replica) and whether activations are
-recomputed.  This module predicts what a plan costs and searches for the best
-one.  Every term comes from ``parlab.cost``:
+A *plan* places a model on a cluster: data-parallel ``dp``, context-parallel
+``cp``, tensor ``tp`` and pipeline ``pp`` degrees (dp·cp·tp·pp = GPUs), a ZeRO
+stage, a micro-batch size, the accumulation steps (micro-batches per step on
+each replica), the recomputation ("none", "selective", "full"), Megatron
+sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, and the
+precision recipe.  Ranks are ordered as Megatron orders them, tp fastest, then
+cp, dp, pp ("tp-cp-ep-dp-pp", Megatron-Core's RankGenerator; ``parlab.parallel.mesh``
+puts TP innermost the same way).  Every formula lives in ``parlab.cost`` with its source.
 
-Memory per GPU (decimal bytes), for the GPU holding pipeline stage 0:
-  model states   ``zero_memory_per_gpu(Ψ/(tp·pp), dp, zero)``: 2 + 2 + 12 bytes
-                 per parameter of the stage's shard (Rajbhandari et al. 2020)
-  activations    ``activation_bytes_per_layer(s, b, h, a, t)`` per layer
-                 (Korthikanti et al. 2022, Table 2; 2sbh with full
-                 recomputation), times L/pp layers, times the micro-batches in
-                 flight under 1F1B: ``activations_held(pp, accum)`` = min(accum, pp).
-  Not counted: the embedding and output layer's extra weight on the first
-  and last stage, the transient working set of a layer being recomputed,
-  temporary communication buffers and allocator fragmentation.
+Memory per GPU (decimal bytes), on every pipeline stage; ``memory_breakdown``
+returns the busiest stage's:
+  weights, grads, optimizer
+        ``cost.model_state_bytes(shard, dp·cp, zero, precision)``.  The shard is
+        the stage's layers × per-layer parameters plus, on the first stage, the
+        embedding (V·h) and, on the last, the output layer (V·h; tied: both
+        stages keep a copy), all ÷ tp.  Per-layer parameters = (Ψ − embedding −
+        head)/L.  Layers need not divide by pp: the first L mod pp stages take
+        one more (or ``Plan.stages`` lists them).  Precision "fp32_grads"
+        (the default: Megatron-LM's bf16 with fp32 main grads, 18 B/param,
+        6 + 12/d with the distributed optimizer) or "zero16" (ZeRO's 2 + 2 + 12;
+        the lecture's and lab 05's accounting).  ZeRO shards over dp·cp, as
+        Megatron's distributed optimizer does.
+  activations
+        ``cost.activation_bytes_per_layer`` (Korthikanti et al. 2022, Table 2),
+        with s/cp tokens per GPU; by default attention never stores its scores
+        (FlashAttention/SDPA: 34·sbh per layer, ÷ t with SP); ``ModelSpec(scores=True)``
+        is attention that stores them (the 5as/h term).  × the stage's layers ×
+        micro-batches in flight (``cost.activations_held``: 1F1B min(m, p − r);
+        interleaved from Megatron's warm-up).  Plus the transient working set of
+        one layer being recomputed (its "none" activations) under "full", or of
+        its scores under "selective"; plus, on the last stage, the logits of one
+        micro-batch in fp32 for the loss (4·b·s·V/(tp·cp) bytes, vocab-parallel).
+  Not counted: temporary communication buffers, FSDP's gathered bf16 layer,
+  allocator fragmentation, the CUDA context (that is what ``Cluster.headroom``
+  keeps free: plans must fit in headroom × HBM).
 
-Time per step (seconds), with nothing overlapped (a pessimistic bound; real
-frameworks hide much of the data-parallel traffic behind the backward pass):
-  compute   global tokens × ``model_flops_per_token`` / (GPUs × peak × efficiency),
-            × 4/3 with full recomputation (the forward pass runs twice),
-            × (1 + (pp-1)/accum) for the 1F1B pipeline bubble (Narayanan et al. 2021)
-  tp        ``tp_comm_elems_per_layer`` × L/pp layers × accum micro-batches, 2 bytes each
-  pp        2 (forward, backward) × accum × ``pp_comm_elems`` × 2 bytes, if pp > 1
-  dp        ``zero_comm_elems(Ψ/(tp·pp), dp, zero)`` × 2 bytes
-Each axis's bytes travel at NVLink speed when its group fits inside one node
-and at the per-GPU InfiniBand speed when it spans nodes.  With TP innermost
-(``parlab.parallel.mesh``) a TP group is tp consecutive ranks, a data-parallel
-group spans dp·tp consecutive ranks and neighbouring pipeline stages sit
-dp·tp ranks apart.
+Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
+  compute  the slowest stage's FLOPs per micro-batch (6 FLOPs per weight per
+           token plus 12·h·s per layer per token for attention, PaLM app. B; the
+           output layer's 6·V·h; + the recomputed forward: 2 FLOPs per weight and
+           4·h·s per layer under "full", 4·h·s under "selective" with stored
+           scores) / (peak × efficiency(shape)), × m micro-batches.
+           efficiency = ``Cluster.efficiency`` × M/(M + 128) × K/(K + 128), with
+           M = b·s/cp tokens per micro-batch and K = h/tp the sharded width
+           (small GEMMs do not fill the tensor cores; 128 is one tile).
+  bubble   (p − 1)/v × the slowest stage's micro-batch time (Narayanan et al. 2021).
+  tp       forward collectives exposed; backward input-gradient collectives
+           overlap the weight-gradient GEMM (Megatron's async all-reduce,
+           ``CUDA_DEVICE_MAX_CONNECTIONS=1``) up to that GEMM's time; with SP the
+           backward re-all-gather overlaps the input-gradient GEMM; under "full"
+           the recomputed forward's collectives are exposed again.
+  cp       ring attention's K/V passes overlap the attention compute of the
+           current block (Liu et al. 2023); only what exceeds it is exposed.
+  pp       one hop per micro-batch each way on the slowest boundary, exposed
+           (m·v + p − 1 hops each way); each TP rank sends b·s·h/(tp·cp)
+           (Narayanan et al. 2021 §4.1 scatter/gather).  Boundaries are placed by
+           rank: stages r and r+1 sit dp·cp·tp ranks apart, so a boundary crosses
+           nodes when the two ranks fall in different nodes.
+  dp       per micro-batch under ZeRO-2 (reduce-scatter after every backward) and
+           ZeRO-3 (all-gather weights in forward and backward, reduce-scatter),
+           once per step under ZeRO-0/1; gradient reductions overlap the
+           backward bucket by bucket (``--overlap-grad-reduce``, DDP buckets),
+           parameter all-gathers the next forward (ZeRO-1/2 ``--overlap-param-gather``,
+           FSDP prefetch).  Gradients travel in fp32 under "fp32_grads" (Megatron
+           reduces its fp32 grad buffer), weights in bf16.
+Each collective costs ``latency`` plus its per-rank ring bytes / busbw: the
+link's busbw inside a node (``Cluster.nvlink_busbw``, 370 GB/s on NVLink 4,
+nccl-tests issue #212) and ``network × network_efficiency`` across nodes.
+Left out: NCCL's algorithm choice (tree, NVLS), congestion between axes sharing
+a link, kernel launch gaps, stragglers, the optimizer step's own time, the
+data loader, FP8, async TP, zero-bubble schedules and MoE.
 
     >>> from parlab import planner
     >>> best = planner.search(planner.SCENARIOS["7B on 8 H100s"])
     >>> best.plan.tp, best.fits
-    (2, True)
+    (1, True)
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, replace  # noqa: F401  (replace is part of the API)
 
 from . import cost
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "memory_breakdown",
-           "memory_per_gpu", "step_time", "problems", "predict", "search", "candidates",
-           "time_to_train", "SCENARIOS", "DGX_H100"]
+           "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "predict",
+           "search", "candidates", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
+           "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
 
-BF16 = 2  # bytes per element of weights, gradients and activations on the wire
+BF16 = 2  # bytes per element of weights and activations on the wire
+PRECISIONS = tuple(cost.PRECISIONS)
+RECOMPUTE = cost.RECOMPUTE
+TILE = 128  # GEMM dimension at which the efficiency factor is one half (one tensor-core tile)
+LOGIT_BYTES = 4  # fp32 logits for the loss
+CP_FROM = 16384  # the search tries context parallelism from this sequence length on
 
 
 def _whole(name: str, value) -> None:
@@ -58,7 +104,14 @@ def _whole(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer: Ψ parameters, L layers, hidden h, a heads, sequence s."""
+    """A decoder-only transformer: Ψ parameters, L layers, hidden h, a heads, sequence s.
+
+    ``vocab`` V (embedding and output layer, V·h each unless ``tied``), ``ffn``
+    the MLP width (default 4h), ``kv_heads`` (default = heads; fewer for
+    grouped-query attention: sets the K/V that context parallelism passes
+    around), ``scores``: True for attention that stores its s×s scores
+    (Korthikanti's 5as/h term), False (default) for FlashAttention/SDPA.
+    """
 
     name: str
     params: float
@@ -66,22 +119,60 @@ class ModelSpec:
     hidden: int
     heads: int
     seq: int
+    vocab: int = 32000
+    ffn: int = 0  # 0: 4·hidden
+    kv_heads: int = 0  # 0: heads
+    tied: bool = False
+    scores: bool = False
 
     def __post_init__(self) -> None:
         if not self.params > 0:
             raise ValueError(f"params must be > 0, got {self.params!r}")
-        for key in ("layers", "hidden", "heads", "seq"):
+        for key in ("layers", "hidden", "heads", "seq", "vocab"):
             _whole(key, getattr(self, key))
+        for key in ("ffn", "kv_heads"):
+            value = getattr(self, key)
+            if value != 0:
+                _whole(key, value)
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        if self.layer_params <= 0:
+            raise ValueError(f"params={self.params:.3g} is smaller than the embedding and output layer "
+                             f"({self.embedding_params:.3g}): check vocab and hidden")
+
+    @property
+    def ffn_width(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def embedding_params(self) -> float:
+        """V·h for the embedding, plus V·h for an untied output layer."""
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def layer_params(self) -> float:
+        return (self.params - self.embedding_params) / self.layers
 
 
 @dataclass(frozen=True)
 class Cluster:
     """GPUs, their memory and links.  Defaults: H100 SXM nodes of 8 (DGX H100).
 
-    ``nvlink`` is the bytes/s one GPU sends to another inside a node (450 GB/s
-    per direction, NVLink 4); ``network`` the bytes/s per GPU between nodes
-    (one 400 Gb/s ConnectX-7 per GPU: 50 GB/s).  ``efficiency`` is the share
-    of peak FLOP/s that the model's matrix multiplies reach.
+    ``nvlink`` is the bytes/s one GPU sends per direction inside a node (450 GB/s,
+    NVLink 4) and ``nvlink_busbw`` what ring collectives reach there (about
+    370 GB/s on a DGX H100, nccl-tests issue #212); ``network`` the bytes/s per
+    GPU between nodes (one 400 Gb/s ConnectX-7 per GPU: 50 GB/s), of which
+    ``network_efficiency`` is reached (0.8, an assumption: NCCL's ring over
+    InfiniBand typically reports 40-45 GB/s busbw per 400 Gb/s NIC).
+    ``latency`` and ``network_latency``: seconds per collective (about 6 µs for a
+    small all-reduce on NVLink; 15 µs across nodes, an assumption).
+    ``efficiency`` is the share of peak FLOP/s that large GEMMs reach in
+    training (the shape factor is applied on top).  ``headroom``: the share of
+    HBM a plan may use.  ``hbm_bandwidth`` is kept for reference.
     """
 
     gpus: int
@@ -90,16 +181,78 @@ class Cluster:
     peak_flops: float = cost.H100_BF16_PEAK
     nvlink: float = 450e9
     network: float = 50e9
-    efficiency: float = 0.5
+    efficiency: float = 0.55
+    nvlink_busbw: float = 370e9
+    network_efficiency: float = 0.8
+    latency: float = 6e-6
+    network_latency: float = 15e-6
+    headroom: float = 0.9
+    hbm_bandwidth: float = cost.H100_HBM_BANDWIDTH
+    name: str = "H100 SXM"
 
     def __post_init__(self) -> None:
         _whole("gpus", self.gpus)
         _whole("gpus_per_node", self.gpus_per_node)
-        for key in ("memory", "peak_flops", "nvlink", "network"):
+        for key in ("memory", "peak_flops", "nvlink", "network", "nvlink_busbw", "hbm_bandwidth"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
-        if not 0 < self.efficiency <= 1:
-            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
+        for key in ("latency", "network_latency"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        for key in ("efficiency", "network_efficiency", "headroom"):
+            if not 0 < getattr(self, key) <= 1:
+                raise ValueError(f"{key} must be in (0, 1], got {getattr(self, key)!r}")
+
+    @property
+    def usable_memory(self) -> float:
+        return self.memory * self.headroom
+
+    def with_gpus(self, gpus: int) -> "Cluster":
+        return replace(self, gpus=gpus)
+
+
+# Presets (per GPU).  Peak dense BF16, HBM and NVLink from NVIDIA's A100 (2021), H100
+# (2023) and H200 (2024) datasheets; network: DGX A100 has 8 × 200 Gb/s HDR (25 GB/s per
+# GPU), DGX H100/H200 8 × 400 Gb/s NDR (50 GB/s per GPU).  nvlink_busbw: 370 GB/s measured
+# on NVLink 4 (nccl-tests #212); for NVLink 3 (300 GB/s per direction) the same 0.82 share
+# of the link, 246 GB/s, is assumed.  efficiency: the share of peak large training GEMMs
+# reach, one value per GPU generation, set once against the runs in docs/planner.md
+# (A100s reach a larger share of their lower peak than H100s do, as the published MFUs show).
+def A100_40GB(gpus: int = 8, **kw) -> Cluster:
+    return Cluster(gpus, **{**dict(memory=40e9, peak_flops=312e12, nvlink=300e9, nvlink_busbw=246e9,
+                                   network=25e9, efficiency=0.70, hbm_bandwidth=1.555e12,
+                                   name="A100 40GB"), **kw})
+
+
+def A100_80GB(gpus: int = 8, **kw) -> Cluster:
+    return Cluster(gpus, **{**dict(memory=80e9, peak_flops=312e12, nvlink=300e9, nvlink_busbw=246e9,
+                                   network=25e9, efficiency=0.70, hbm_bandwidth=2.039e12,
+                                   name="A100 80GB"), **kw})
+
+
+def H100_SXM(gpus: int = 8, **kw) -> Cluster:
+    return Cluster(gpus, **kw)
+
+
+def H200(gpus: int = 8, **kw) -> Cluster:
+    return Cluster(gpus, **{**dict(memory=141e9, hbm_bandwidth=4.8e12, name="H200"), **kw})
+
+
+def cpu_host(cores: int, ranks: int, flops_per_core: float, gloo_busbw: float = 1.5e9,
+             gloo_latency: float = 2e-4, memory: float = 8e9, efficiency: float = 1.0) -> Cluster:
+    """A CPU machine running ``ranks`` gloo ranks: one "node" whose links are gloo over loopback.
+
+    ``flops_per_core`` should be measured (a matmul timed on one thread);
+    ``gloo_busbw`` and ``gloo_latency`` too (lab 01 measures them: about 1 to
+    2.5 GB/s and 0.2 ms here, FACTS.md).  Each rank gets cores // ranks cores.
+    """
+    _whole("cores", cores)
+    _whole("ranks", ranks)
+    per_rank = max(1, cores // ranks) * flops_per_core
+    return Cluster(ranks, gpus_per_node=ranks, memory=memory, peak_flops=per_rank, nvlink=gloo_busbw,
+                   nvlink_busbw=gloo_busbw, network=gloo_busbw, efficiency=efficiency,
+                   latency=gloo_latency, network_latency=gloo_latency, headroom=1.0,
+                   hbm_bandwidth=20e9, name=f"CPU host ({cores} cores, gloo)")
 
 
 DGX_H100 = Cluster(gpus=8)
@@ -107,20 +260,38 @@ DGX_H100 = Cluster(gpus=8)
 
 @dataclass(frozen=True)
 class Workload:
-    """A model to train on a cluster with ``global_batch`` sequences per optimizer step."""
+    """A model to train on a cluster with ``global_batch`` sequences per optimizer step.
+
+    ``precision`` is the recipe the search uses for its plans ("fp32_grads" by default).
+    """
 
     model: ModelSpec
     cluster: Cluster
     global_batch: int
     tokens: float = 0.0  # tokens to train on, for the time to train (0: not asked)
+    precision: str = "fp32_grads"
 
     def __post_init__(self) -> None:
         _whole("global_batch", self.global_batch)
+        if self.precision not in cost.PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {self.tokens!r}")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One layout.  ``why`` maps an axis ("dp", "tp", "pp", "zero") to one line of reasoning."""
+    """One layout, frozen (change one with ``dataclasses.replace``).
+
+    Fields: dp, tp, pp, zero, micro_batch, accum, recompute ("none",
+    "selective", "full"; a bool still works: False -> "none", True -> "full"),
+    cp (context parallel), sp (Megatron sequence parallelism; None: on when
+    tp > 1), v (interleaved 1F1B chunks per rank; 1 = plain 1F1B), stages
+    (layers per pipeline stage, or () for the default split), precision
+    ("fp32_grads" or "zero16"), why (axis -> one line of reasoning, not compared).
+    ``micro_batch × accum`` is one replica's rows: dp·micro_batch·accum must
+    equal the global batch.
+    """
 
     dp: int
     tp: int
@@ -128,32 +299,110 @@ class Plan:
     zero: int = 0
     micro_batch: int = 1
     accum: int = 1
-    recompute: bool = False
+    recompute: str = "none"
+    cp: int = 1
+    sp: bool | None = None
+    v: int = 1
+    stages: tuple = ()
+    precision: str = "fp32_grads"
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for key in ("dp", "tp", "pp", "micro_batch", "accum"):
+        for key in ("dp", "tp", "pp", "micro_batch", "accum", "cp", "v"):
             _whole(key, getattr(self, key))
         if self.zero not in cost.ZERO_STAGES:
             raise ValueError(f"zero must be one of {cost.ZERO_STAGES}, got {self.zero!r}")
+        if self.recompute is True or self.recompute is False:
+            object.__setattr__(self, "recompute", cost.recompute_mode(self.recompute))
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE} (or a bool), got {self.recompute!r}")
+        if self.sp is None:
+            object.__setattr__(self, "sp", self.tp > 1)
+        if not isinstance(self.sp, bool):
+            raise ValueError(f"sp must be True, False or None, got {self.sp!r}")
+        if self.precision not in cost.PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        stages = tuple(self.stages)
+        object.__setattr__(self, "stages", stages)
+        if stages:
+            for n in stages:
+                _whole("stages[i]", n)
+            if len(stages) != self.pp:
+                raise ValueError(f"stages lists {len(stages)} stages, but pp={self.pp}")
+        if self.v > 1 and self.pp == 1:
+            raise ValueError(f"v={self.v} (interleaved 1F1B) needs pp > 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.cp * self.tp * self.pp
 
     def __str__(self) -> str:
+        extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" v={self.v}" if self.v > 1 else "",
+                         " SP" if self.sp and self.tp > 1 else "",
+                         f" {self.recompute} recompute" if self.recompute != "none" else ""])
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} ZeRO-{self.zero} micro_batch={self.micro_batch} "
-                f"accum={self.accum}" + (" recompute" if self.recompute else ""))
+                f"accum={self.accum}" + extra)
 
 
 # ---------------------------------------------------------------- memory
+def stage_layers(plan: Plan, model: ModelSpec) -> tuple:
+    """Layers per pipeline stage: ``plan.stages``, or the first L mod pp stages take one more."""
+    if plan.stages:
+        return plan.stages
+    q, r = divmod(model.layers, plan.pp)
+    return tuple(q + (1 if i < r else 0) for i in range(plan.pp))
+
+
+def _act_layer(plan: Plan, model: ModelSpec, mode: str) -> float:
+    return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden, model.heads,
+                                           t=plan.tp, sp=plan.sp, recompute=mode, scores=model.scores,
+                                           ffn=model.ffn_width)
+
+
+def _stage_params(plan: Plan, model: ModelSpec, rank: int) -> float:
+    """Parameters of stage ``rank`` (all TP ranks together): its layers, embedding, output layer."""
+    params = stage_layers(plan, model)[rank] * model.layer_params
+    if rank == 0:
+        params += model.vocab * model.hidden
+    if rank == plan.pp - 1 and (not model.tied or plan.pp > 1):
+        params += model.vocab * model.hidden
+    return params
+
+
+def stage_memory(plan: Plan, model: ModelSpec, rank: int) -> dict[str, float]:
+    """Bytes per GPU on pipeline stage ``rank``: weights, grads, optimizer, activations."""
+    n = stage_layers(plan, model)[rank]
+    shard = _stage_params(plan, model, rank) / plan.tp
+    w, g, o = cost.PRECISIONS[plan.precision]
+    d = plan.dp * plan.cp
+    weights = w * shard / (d if plan.zero >= 3 else 1)
+    grads = g * shard / (d if plan.zero >= 2 else 1)
+    optimizer = o * shard / (d if plan.zero >= 1 else 1)
+    m = plan.accum
+    if plan.v > 1:
+        held = cost.activations_held(plan.pp, m, "interleaved", rank=rank, v=plan.v)
+    else:
+        held = cost.activations_held(plan.pp, m, "1f1b", rank=rank)
+    acts = _act_layer(plan, model, plan.recompute) * n * held
+    if plan.recompute == "full":  # the layer being recomputed holds its whole working set
+        acts += _act_layer(plan, model, "none")
+    elif plan.recompute == "selective" and model.scores:  # its recomputed scores
+        acts += _act_layer(plan, model, "none") - _act_layer(plan, model, "selective")
+    if rank == plan.pp - 1:
+        acts += LOGIT_BYTES * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
+    return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": acts}
+
+
+def _busiest(plan: Plan, model: ModelSpec) -> int:
+    if plan.pp == 1:
+        return 0
+    ranks = range(plan.pp) if plan.stages else (0, plan.pp - 1)
+    return max(ranks, key=lambda r: sum(stage_memory(plan, model, r).values()))
+
+
 def memory_breakdown(plan: Plan, model: ModelSpec) -> dict[str, float]:
-    """Bytes per GPU on pipeline stage 0: weights, grads, optimizer, activations."""
-    shard = model.params / (plan.tp * plan.pp)
-    weights = cost.weights_bytes(shard) / (plan.dp if plan.zero >= 3 else 1)
-    grads = 2 * shard / (plan.dp if plan.zero >= 2 else 1)
-    optimizer = 12 * shard / (plan.dp if plan.zero >= 1 else 1)
-    per_layer = cost.activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads,
-                                                t=plan.tp, recompute=plan.recompute)
-    in_flight = cost.activations_held(plan.pp, plan.accum, "1f1b", rank=0)
-    return {"weights": weights, "grads": grads, "optimizer": optimizer,
-            "activations": per_layer * model.layers / plan.pp * in_flight}
+    """Bytes per GPU on the busiest pipeline stage: weights, grads, optimizer, activations."""
+    return stage_memory(plan, model, _busiest(plan, model))
 
 
 def memory_per_gpu(plan: Plan, model: ModelSpec) -> float:
@@ -162,26 +411,112 @@ def memory_per_gpu(plan: Plan, model: ModelSpec) -> float:
 
 
 # ---------------------------------------------------------------- time
-def _link(span: int, cluster: Cluster) -> float:
-    """Bytes/s for a group of ``span`` consecutive ranks: NVLink inside a node, else the network."""
-    return cluster.nvlink if span <= cluster.gpus_per_node else cluster.network
+def _crosses(span: int, c: Cluster) -> bool:
+    """Whether a group of ``span`` consecutive ranks leaves its node."""
+    return span > c.gpus_per_node
+
+
+def _bw(cross: bool, c: Cluster) -> tuple[float, float]:
+    """(busbw, latency) for a link inside a node or across nodes."""
+    if cross:
+        return c.network * c.network_efficiency, c.network_latency
+    return c.nvlink_busbw, c.latency
+
+
+def boundary_crosses(plan: Plan, c: Cluster) -> list[bool]:
+    """For each pipeline boundary r -> r+1, whether it leaves the node (ranks dp·cp·tp apart)."""
+    gap = plan.dp * plan.cp * plan.tp
+    return [(r * gap) // c.gpus_per_node != ((r + 1) * gap) // c.gpus_per_node for r in range(plan.pp - 1)]
+
+
+def efficiency(plan: Plan, work: Workload) -> float:
+    """Share of peak the GEMMs reach: ``Cluster.efficiency`` × M/(M + 128) × K/(K + 128)."""
+    rows = plan.micro_batch * work.model.seq / plan.cp
+    width = work.model.hidden / plan.tp
+    return work.cluster.efficiency * rows / (rows + TILE) * width / (width + TILE)
+
+
+def _layer_flops(plan: Plan, m: ModelSpec, mode: str) -> tuple[float, float, float]:
+    """(forward, backward, recomputed) FLOPs of one layer per token on one GPU."""
+    attn = 4 * m.hidden * m.seq  # QK^T and AV, forward, per token (PaLM's 12·h·s for fwd + bwd)
+    fwd = (2 * m.layer_params + attn) / plan.tp
+    extra = {"none": 0.0, "selective": attn / plan.tp if m.scores else 0.0, "full": fwd}[mode]
+    return fwd, 2 * fwd, extra
 
 
 def step_time(plan: Plan, work: Workload) -> dict[str, float]:
-    """Seconds per optimizer step, by part: compute (with the bubble), tp, pp, dp; and total."""
+    """Seconds per optimizer step, by part (exposed time): compute, bubble, tp, cp, pp, dp; and total."""
     m, c = work.model, work.cluster
-    tokens = work.global_batch * m.seq
-    flops = tokens * cost.model_flops_per_token(m.params, m.layers, m.hidden, m.seq)
-    compute = flops * (4 / 3 if plan.recompute else 1) / (c.gpus * c.peak_flops * c.efficiency)
-    compute *= 1 + cost.bubble_fraction(plan.pp, plan.accum, "1f1b", definition="megatron")
-    b, s, h = plan.micro_batch, m.seq, m.hidden
-    tp = (cost.tp_comm_elems_per_layer(b, s, h, plan.tp) * m.layers / plan.pp * plan.accum * BF16
-          / _link(plan.tp, c))
-    pp = (2 * plan.accum * cost.pp_comm_elems(b, s, h) * BF16 / _link(plan.dp * plan.tp + 1, c)
-          if plan.pp > 1 else 0.0)
-    dp = (cost.zero_comm_elems(m.params / (plan.tp * plan.pp), plan.dp, plan.zero) * BF16
-          / _link(plan.dp * plan.tp, c))
-    parts = {"compute": compute, "tp": tp, "pp": pp, "dp": dp}
+    b, s, h, t = plan.micro_batch, m.seq, m.hidden, plan.tp
+    tokens = b * s / plan.cp  # tokens per micro-batch on one GPU
+    rate = c.peak_flops * efficiency(plan, work)
+    fwd, bwd, extra = _layer_flops(plan, m, plan.recompute)
+    layers = stage_layers(plan, m)
+    head = 6 * m.vocab * h / t  # output layer, fwd + bwd, per token
+    stage_mb = [n * (fwd + bwd + extra) * tokens / rate for n in layers]
+    stage_mb[-1] += head * tokens / rate
+    slowest = max(range(plan.pp), key=lambda r: stage_mb[r])
+    n_slow, t_mb = layers[slowest], stage_mb[slowest]
+    accum = plan.accum
+    compute = accum * t_mb
+    bubble = (plan.pp - 1) / plan.v * t_mb
+    # ---- tensor parallel: units of (t-1)/t·b·(s/cp)·h elements per layer per micro-batch
+    tp = 0.0
+    if t > 1:
+        bw, lat = _bw(_crosses(t, c), c)
+        unit = (t - 1) / t * tokens * h * BF16 / bw  # seconds per unit
+        fwd_units, fwd_calls = 4, 4
+        if plan.sp:
+            hidden_units, hidden_calls, open_units, open_calls = 4, 4, 2, 2
+            window = 4 * 7 * h * h / t * tokens / rate  # dgrad + wgrad GEMMs of QKV and FC1 (3h² + 4h²)
+        else:
+            hidden_units, hidden_calls, open_units, open_calls = 4, 2, 0, 0
+            window = 2 * 7 * h * h / t * tokens / rate  # wgrad GEMMs of QKV and FC1
+        exposed = (fwd_units + open_units) * unit + (fwd_calls + open_calls) * lat \
+            + max(0.0, hidden_units * unit + hidden_calls * lat - window)
+        if plan.recompute == "full":
+            exposed += fwd_units * unit + fwd_calls * lat
+        tp = exposed * n_slow * accum
+    # ---- context parallel (ring attention), overlapped with the attention of the current block
+    cp_t = 0.0
+    if plan.cp > 1:
+        bw, lat = _bw(_crosses(plan.cp * t, c), c)
+        h_kv = h * m.kv / m.heads / t
+        comm = cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp) * BF16 / bw + 3 * (plan.cp - 1) * lat
+        window = 3 * 4 * h * s / t * tokens / rate  # attention fwd + bwd of this GPU's tokens
+        passes = 2 if plan.recompute == "full" else 1
+        cp_t = max(0.0, comm * (1 + (passes - 1) / 3) - window) * n_slow * accum
+    # ---- pipeline: hops on the slowest boundary
+    pp_t = 0.0
+    if plan.pp > 1:
+        cross = any(boundary_crosses(plan, c))
+        bw, lat = _bw(cross, c)
+        hop = lat + b * (s / plan.cp) * h / t * BF16 / bw
+        pp_t = 2 * (accum * plan.v + plan.pp - 1) * hop
+    # ---- data parallel over dp·cp ranks
+    dp_t = 0.0
+    d = plan.dp * plan.cp
+    if d > 1:
+        bw, lat = _bw(_crosses(d * t, c), c)
+        n_params = _stage_params(plan, m, slowest) / t
+        g_bytes = cost.PRECISIONS[plan.precision][1]  # gradients reduce in their own precision
+        ring = (d - 1) / d * n_params  # elements per rank per ring pass
+        buckets = max(1, math.ceil(n_params * g_bytes / 40e6))  # 40 MB buckets (Megatron's default size)
+        fwd_mb = n_slow * fwd * tokens / rate
+        bwd_mb = n_slow * (bwd + extra) * tokens / rate
+        if plan.zero == 0:  # all-reduce, overlapped with the last micro-batch's backward
+            dp_t = max(0.0, 2 * ring * g_bytes / bw + buckets * lat - bwd_mb)
+        elif plan.zero == 1:  # reduce-scatter in backward, bf16 all-gather in the next forward
+            dp_t = (max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
+                    + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
+        elif plan.zero == 2:  # reduce-scatter after every micro-batch's backward
+            dp_t = (accum * max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
+                    + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
+        else:  # ZeRO-3/FSDP: per micro-batch, gather (prefetched) in forward and backward, reduce-scatter
+            ag, rs = ring * BF16 / bw, ring * g_bytes / bw
+            dp_t = accum * (max(0.0, ag + n_slow * lat - fwd_mb)
+                            + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
+    parts = {"compute": compute, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "dp": dp_t}
     parts["total"] = sum(parts.values())
     return parts
 
@@ -200,26 +535,51 @@ def problems(plan: Plan, work: Workload) -> list[str]:
     """Every reason ``plan`` cannot run ``work``, in words; empty when it can."""
     m, c = work.model, work.cluster
     out = []
-    if plan.dp * plan.tp * plan.pp != c.gpus:
-        out.append(f"dp·tp·pp = {plan.dp}·{plan.tp}·{plan.pp} = {plan.dp * plan.tp * plan.pp}, "
-                   f"but the cluster has {c.gpus} GPUs")
+    if plan.gpus != c.gpus:
+        out.append(f"dp·cp·tp·pp = {plan.dp}·{plan.cp}·{plan.tp}·{plan.pp} = {plan.gpus}, "
+                   f"but the cluster has {c.gpus} GPUs" if plan.cp > 1 else
+                   f"dp·tp·pp = {plan.dp}·{plan.tp}·{plan.pp} = {plan.gpus}, but the cluster has {c.gpus} GPUs")
     if plan.tp > c.gpus_per_node or c.gpus_per_node % plan.tp:
         out.append(f"tp={plan.tp} does not fit inside a node of {c.gpus_per_node} GPUs: TP's per-layer "
                    "all-reduces would cross the network")
     if m.heads % plan.tp:
         out.append(f"tp={plan.tp} does not divide the {m.heads} attention heads")
-    if m.layers % plan.pp:
-        out.append(f"pp={plan.pp} does not divide the {m.layers} layers")
+    elif m.kv % plan.tp and plan.tp % m.kv:
+        out.append(f"tp={plan.tp} and the {m.kv} K/V heads do not divide one another")
+    if plan.pp > m.layers:
+        out.append(f"pp={plan.pp} is more stages than the {m.layers} layers")
+    if plan.stages and sum(plan.stages) != m.layers:
+        out.append(f"stages={plan.stages} add up to {sum(plan.stages)} layers, but the model has {m.layers}")
+    if plan.v > 1:
+        if min(stage_layers(plan, m)) < plan.v:
+            out.append(f"interleaving v={plan.v} needs at least v layers on every stage "
+                       f"(stages: {stage_layers(plan, m)})")
+        if plan.accum % plan.pp:
+            out.append(f"interleaved 1F1B needs the micro-batches per replica (accum={plan.accum}) to be a "
+                       f"multiple of pp={plan.pp} (Megatron-LM)")
+    if plan.cp > 1 and m.seq % (2 * plan.cp):
+        out.append(f"cp={plan.cp} needs the sequence ({m.seq}) to split into 2·cp = {2 * plan.cp} equal "
+                   "chunks (load-balanced causal ring attention)")
     if plan.dp * plan.micro_batch * plan.accum != work.global_batch:
         out.append(f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
                    f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
-    parts = memory_breakdown(plan, m)
-    need = sum(parts.values())
-    if need > c.memory:
-        detail = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in parts.items())
-        out.append(f"needs {need / 1e9:.1f} GB per GPU ({detail}), over the {c.memory / 1e9:.0f} GB "
-                   "a GPU holds")
+    if plan.zero and plan.dp * plan.cp == 1:
+        out.append(f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
+    if not out or all("GPUs" not in o or "node" in o for o in out):
+        parts = memory_breakdown(plan, m)
+        need = sum(parts.values())
+        if need > c.usable_memory:
+            detail = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in parts.items())
+            out.append(f"needs {need / 1e9:.1f} GB per GPU ({detail}), over the {c.usable_memory / 1e9:.0f} GB "
+                       f"a plan may use ({c.headroom:.0%} of the {c.memory / 1e9:.0f} GB a GPU holds)")
     return out
+
+
+def check(plan: Plan, work: Workload) -> None:
+    """Raise ValueError naming each field that makes ``plan`` impossible for ``work`` (memory aside)."""
+    found = [p for p in problems(plan, work) if "GB per GPU" not in p]
+    if found:
+        raise ValueError("impossible plan: " + "; ".join(found))
 
 
 @dataclass(frozen=True)
@@ -236,10 +596,20 @@ class Prediction:
     def fits(self) -> bool:
         return not self.problems
 
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        return self.tokens_per_second / self.plan.gpus
+
 
 def predict(plan: Plan, work: Workload) -> Prediction:
+    """Memory, time and throughput of ``plan``; raises ValueError for a plan that cannot exist
+    (GPU count, TP across nodes, heads, layers, batch), lists memory in ``problems``."""
+    found = tuple(problems(plan, work))
+    impossible = [p for p in found if "GB per GPU" not in p and "ZeRO" not in p]
+    if any("GPUs" in p and "cluster" in p for p in impossible) or any("global batch" in p for p in impossible):
+        raise ValueError("impossible plan: " + "; ".join(impossible))
     time = step_time(plan, work)
-    return Prediction(plan, tuple(problems(plan, work)), memory_breakdown(plan, work.model), time,
+    return Prediction(plan, found, memory_breakdown(plan, work.model), time,
                       work.global_batch * work.model.seq / time["total"])
 
 
@@ -249,30 +619,55 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidates(work: Workload):
-    """Every plan with dp·tp·pp = GPUs and dp·micro_batch·accum = global batch."""
-    g = work.cluster.gpus
+    """Plans with dp·cp·tp·pp = GPUs and dp·micro_batch·accum = global batch.
+
+    tp inside a node and dividing the heads; pp up to the layers (uneven stages
+    allowed); cp only for long sequences (s >= CP_FROM = 16k tokens, as
+    published runs use it: Llama 3 at 131k, torchtitan from 32k), with s/cp >= 2048 and cp <= 16; v in (1, 2, 4) where the
+    layers split evenly; ZeRO 0-3; recompute "none" and "full", plus
+    "selective" when attention stores its scores (otherwise it equals "none").
+    """
+    m, c = work.model, work.cluster
+    g = c.gpus
+    modes = RECOMPUTE if m.scores else ("none", "full")
     for tp in _divisors(g):
-        for pp in _divisors(g // tp):
-            dp = g // (tp * pp)
-            if work.global_batch % dp:
+        if tp > c.gpus_per_node or c.gpus_per_node % tp or m.heads % tp or (m.kv % tp and tp % m.kv):
+            continue
+        for cp in _divisors(g // tp):
+            if cp > 1 and (m.seq < CP_FROM or cp > 16 or m.seq // cp < 2048 or m.seq % (2 * cp)):
                 continue
-            for mb in _divisors(work.global_batch // dp):
-                for zero in (cost.ZERO_STAGES if dp > 1 else (0,)):
-                    for recompute in (False, True):
-                        yield Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb,
-                                   accum=work.global_batch // (dp * mb), recompute=recompute)
+            for pp in _divisors(g // (tp * cp)):
+                if pp > m.layers:
+                    continue
+                dp = g // (tp * cp * pp)
+                if work.global_batch % dp:
+                    continue
+                for mb in _divisors(work.global_batch // dp):
+                    accum = work.global_batch // (dp * mb)
+                    vs = [1] + [v for v in (2, 4) if pp > 1 and m.layers % (pp * v) == 0 and accum % pp == 0]
+                    for v in vs:
+                        for zero in (cost.ZERO_STAGES if dp * cp > 1 else (0,)):
+                            for rc in modes:
+                                yield Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, accum=accum,
+                                           recompute=rc, cp=cp, v=v, precision=work.precision)
+
+
+_ZERO_ORDER = {1: 0, 0: 1, 2: 2, 3: 3}  # ZeRO-1 first: it moves no more bytes than ZeRO-0
+_RC_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
 def _simplicity(p: Plan) -> tuple:
-    # Among equally fast plans: no recomputation, the lowest ZeRO stage, less TP and PP.
-    return (p.recompute, p.zero, p.tp, p.pp, -p.micro_batch)
+    # Among equally fast plans: the least recomputation, ZeRO-1, less TP, PP, CP, interleaving.
+    return (_RC_ORDER[p.recompute], _ZERO_ORDER[p.zero], p.tp, p.pp, p.cp, p.v, -p.micro_batch)
 
 
 def search(work: Workload) -> Prediction | None:
     """The fastest plan that fits (the simplest among ties), or None when none fits."""
     best = None
+    m = work.model
     for plan in candidates(work):
-        if problems(plan, work):
+        # memory first (cheap), then time
+        if sum(memory_breakdown(plan, m).values()) > work.cluster.usable_memory or problems(plan, work):
             continue
         guess = predict(plan, work)
         if best is None or guess.tokens_per_second > best.tokens_per_second * (1 + 1e-12) or (
@@ -282,38 +677,58 @@ def search(work: Workload) -> Prediction | None:
     return best if best is None else replace(best, plan=explained(best.plan, work))
 
 
+def infeasible(work: Workload) -> dict[str, int]:
+    """When nothing fits: each reason (grouped by its kind) and how many candidates it ruled out."""
+    out: dict[str, int] = {}
+    for plan in candidates(work):
+        for p in problems(plan, work):
+            key = p.split(" (")[0] if "GB per GPU" in p else p
+            key = "needs more memory per GPU than a plan may use" if "GB per GPU" in p else key
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
 def explained(plan: Plan, work: Workload) -> Plan:
     """``plan`` with one line of reasoning per axis, from the predictions."""
     m, c = work.model, work.cluster
-    states = cost.training_bytes(m.params).total
+    parts = memory_breakdown(plan, m)
+    layers = stage_layers(plan, m)
+    crosses = sum(boundary_crosses(plan, c))
     why = {
         "tp": (f"tp={plan.tp}: " + ("no tensor parallelism needed" if plan.tp == 1 else
-               f"splits each layer's weights and activations {plan.tp} ways inside a node (NVLink)")),
+               f"splits each layer's weights and activations {plan.tp} ways inside a node (NVLink)"
+               + (", with sequence parallelism" if plan.sp else ""))),
         "pp": (f"pp={plan.pp}: " + ("one stage holds every layer" if plan.pp == 1 else
-               f"{m.layers // plan.pp} layers per stage; bubble (pp-1)/accum = "
-               f"{(plan.pp - 1) / plan.accum:.2f}")),
-        "dp": f"dp={plan.dp}: the remaining GPUs each take {plan.micro_batch * plan.accum} sequences per step",
-        "zero": (f"ZeRO-{plan.zero}: model states {states / 1e9:.0f} GB in all, "
-                 f"{sum(list(memory_breakdown(plan, m).values())[:3]) / 1e9:.1f} GB per GPU"
-                 + (" with recomputed activations" if plan.recompute else "")),
+               f"{max(layers)} layers on the busiest stage, {crosses} of {plan.pp - 1} boundaries cross "
+               f"nodes; bubble (pp-1)/(v·accum) = {(plan.pp - 1) / (plan.v * plan.accum):.2f}")),
+        "dp": (f"dp={plan.dp}: the remaining GPUs each take {plan.micro_batch * plan.accum} sequences per step"
+               + (f"; cp={plan.cp} splits each sequence" if plan.cp > 1 else "")),
+        "zero": (f"ZeRO-{plan.zero} ({plan.precision}): model states "
+                 f"{(parts['weights'] + parts['grads'] + parts['optimizer']) / 1e9:.1f} GB per GPU, "
+                 f"activations {parts['activations'] / 1e9:.1f} GB"
+                 + (f" with {plan.recompute} recomputation" if plan.recompute != "none" else "")),
     }
     if c.gpus_per_node < plan.tp:
         why["tp"] += " (crosses nodes!)"
     return replace(plan, why=why)
 
 
-def _spec(name, params, layers, hidden, heads, seq):
-    return ModelSpec(name, params, layers, hidden, heads, seq)
+def _spec(name, params, layers, hidden, heads, seq, **kw):
+    return ModelSpec(name, params, layers, hidden, heads, seq, **kw)
 
 
 #: The lecture's scenarios.  Shapes follow the published Llama 2/3 configurations
 #: (Touvron et al. 2023; Dubey et al. 2024) and GPT-3 XL (Brown et al. 2020).
+_7B = dict(vocab=32000, ffn=11008)
+_70B = dict(vocab=32000, ffn=28672, kv_heads=8)
 SCENARIOS = {
-    "1.3B fits one GPU (8 H100s)": Workload(_spec("1.3B", 1.3e9, 24, 2048, 16, 2048), Cluster(8), 512),
-    "7B on 8 H100s": Workload(_spec("7B", 7e9, 32, 4096, 32, 4096), Cluster(8), 256),
-    "70B on 8 H100s": Workload(_spec("70B", 70e9, 80, 8192, 64, 4096), Cluster(8), 256),
-    "70B on 64 H100s": Workload(_spec("70B", 70e9, 80, 8192, 64, 4096), Cluster(64), 1024),
-    "7B, 32k-token sequences (64 H100s)": Workload(_spec("7B", 7e9, 32, 4096, 32, 32768), Cluster(64), 64),
-    "70B on 15T tokens (2048 H100s)": Workload(_spec("70B", 70e9, 80, 8192, 64, 8192), Cluster(2048),
+    "1.3B fits one GPU (8 H100s)": Workload(_spec("1.3B", 1.3e9, 24, 2048, 16, 2048, vocab=50257),
+                                            Cluster(8), 512),
+    "7B on 8 H100s": Workload(_spec("7B", 7e9, 32, 4096, 32, 4096, **_7B), Cluster(8), 256),
+    "70B on 8 H100s": Workload(_spec("70B", 70e9, 80, 8192, 64, 4096, **_70B), Cluster(8), 256),
+    "70B on 64 H100s": Workload(_spec("70B", 70e9, 80, 8192, 64, 4096, **_70B), Cluster(64), 1024),
+    "7B, 32k-token sequences (64 H100s)": Workload(_spec("7B", 7e9, 32, 4096, 32, 32768, **_7B),
+                                                   Cluster(64), 64),
+    "70B on 15T tokens (2048 H100s)": Workload(_spec("70B", 70e9, 80, 8192, 64, 8192, **_70B), Cluster(2048),
                                                2048, tokens=15e12),
 }

@@ -17,6 +17,11 @@ and returns them; the notebook merges what ``parlab.launch`` brings back::
     results = parlab.launch(step, nproc=4)
     spans = trace.merge([r[0] for r in results])
 
+Bytes come two ways: ``count_collectives`` computes from the calls what a
+ring algorithm sends (``ring_bytes``), and ``measure_wire`` reads what this
+rank's sockets (gloo) or the GPU's NVLinks (NCCL) really sent
+(``parlab.wire``).
+
 Timestamps are seconds on a shared wall clock: at import each process reads
 ``time.time()`` once (the anchor) and then adds ``time.perf_counter()``
 deltas, which are precise and never jump.  Ranks on one machine therefore
@@ -38,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .cost import busbw_ratio
+from .wire import WireCount, measure_wire  # noqa: F401  (bytes measured on the wire)
 
 # ---------------------------------------------------------------- clock and spans
 _WALL_ANCHOR = time.time()
@@ -240,34 +246,37 @@ class CollectiveCounter:
     Per op: ``calls``; ``bytes`` = payload S as nccl-tests defines it
     (all_reduce/broadcast/reduce/send/recv: the tensor; all_gather: the full
     output = per-rank bytes × n; reduce_scatter: the full input;
-    all_to_all(_single): the input); ``wire_bytes`` = bytes THIS rank sends on
-    a ring = S × busbw_factor(op, n).  Receives and barriers send nothing
-    (wire_bytes 0): the peer's send counts those bytes.
+    all_to_all(_single): the input); ``ring_bytes`` = the bytes THIS rank
+    would send if every collective ran as a ring = S × busbw_factor(op, n).
+    Receives and barriers send nothing (ring_bytes 0): the peer's send counts
+    those bytes.  ``ring_bytes`` is a model computed from the calls, not a
+    measurement: ``measure_wire()`` reads what the sockets really sent.
     """
 
     def __init__(self, spans: bool = False):
         self.record_spans = spans
         self._calls: dict[str, int] = {}
         self._bytes: dict[str, int] = {}
-        self._wire: dict[str, Fraction] = {}  # exact, so sums do not drift
+        self._ring: dict[str, Fraction] = {}  # exact, so sums do not drift
 
-    def _add(self, op: str, nbytes: int, wire: Fraction) -> None:
+    def _add(self, op: str, nbytes: int, ring: Fraction) -> None:
         self._calls[op] = self._calls.get(op, 0) + 1
         self._bytes[op] = self._bytes.get(op, 0) + nbytes
-        self._wire[op] = self._wire.get(op, Fraction(0)) + wire
+        self._ring[op] = self._ring.get(op, Fraction(0)) + ring
 
     def summary(self) -> dict[str, dict]:
-        """{op: {"calls": int, "bytes": int, "wire_bytes": float}} for ops that were called."""
+        """{op: {"calls": int, "bytes": int, "ring_bytes": float}} for ops that were called."""
         return {op: {"calls": self._calls[op], "bytes": self._bytes[op],
-                     "wire_bytes": float(self._wire[op])} for op in self._calls}
+                     "ring_bytes": float(self._ring[op])} for op in self._calls}
 
     @property
     def total_bytes(self) -> int:
         return sum(self._bytes.values())
 
     @property
-    def total_wire_bytes(self) -> float:
-        return float(sum(self._wire.values(), Fraction(0)))
+    def total_ring_bytes(self) -> float:
+        """Bytes this rank sends under the ring model, summed over the calls."""
+        return float(sum(self._ring.values(), Fraction(0)))
 
     def __repr__(self) -> str:
         return f"CollectiveCounter({self.summary()})"
@@ -288,12 +297,12 @@ def _counting(op: str, original, counter: CollectiveCounter):
         a = bound.arguments
         nbytes = payload(a)
         n = _group_size(a.get("group"))
-        wire = nbytes * busbw_ratio(kind, n) if kind else Fraction(0)
-        counter._add(op, nbytes, wire)  # async ops count at call time
+        ring = nbytes * busbw_ratio(kind, n) if kind else Fraction(0)
+        counter._add(op, nbytes, ring)  # async ops count at call time
         start = now()
         result = original(*args, **kwargs)
         if counter.record_spans:
-            record(op, start, now(), nbytes, n=n, wire_bytes=float(wire),
+            record(op, start, now(), nbytes, n=n, ring_bytes=float(ring),
                    async_op=bool(a.get("async_op", False)) or op in ("isend", "irecv"))
         return result
 

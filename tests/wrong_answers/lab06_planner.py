@@ -6,50 +6,106 @@ share one search (``_search``) with the single mistake their name says.
 tests/test_lab06_planner.py grades them all in one batch.
 """
 import itertools
+from dataclasses import replace
 
 from parlab import cost, planner
 from parlab.planner import Plan
 
 
 # ------------------------------------------------------------ memory_per_gpu
+def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None, working=True):
+    layers = planner.stage_layers(plan, model)
+    n = layers[r]
+    params = n * model.layer_params
+    if r == 0:
+        params += model.vocab * model.hidden
+    if r == plan.pp - 1 and (not model.tied or plan.pp > 1):
+        params += model.vocab * model.hidden
+    states = cost.model_state_bytes(params / plan.tp, plan.dp * plan.cp, plan.zero,
+                                    precision or plan.precision)
+
+    def act(mode):
+        return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
+                                               model.heads, t=plan.tp if tp_acts is None else tp_acts,
+                                               sp=plan.sp, recompute=mode, scores=model.scores,
+                                               ffn=model.ffn_width)
+    if held is None:
+        held = (cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v) if plan.v > 1
+                else cost.activations_held(plan.pp, plan.accum, "1f1b", rank=r))
+    acts = act(plan.recompute) * n * held
+    if working and plan.recompute == "full":
+        acts += act("none")
+    elif working and plan.recompute == "selective" and model.scores:
+        acts += act("none") - act("selective")
+    if logits and r == plan.pp - 1:
+        acts += 4 * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
+    return states + acts
+
+
 def memory(plan, model):
-    shard = model.params / (plan.tp * plan.pp)
-    states = cost.zero_memory_per_gpu(shard, plan.dp, plan.zero)
-    per_layer = cost.activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads,
-                                                t=plan.tp, recompute=plan.recompute)
-    held = cost.activations_held(plan.pp, plan.accum, "1f1b")
-    return states + per_layer * (model.layers // plan.pp) * held
+    return max(_stage(plan, model, r) for r in range(plan.pp))
 
 
 def memory_by_hand(plan, model):
-    """The same model written out: 2 + 2 + 12 bytes with ZeRO's divisions, Korthikanti's table."""
-    psi = model.params / plan.tp / plan.pp
-    weights = 2 * psi / (plan.dp if plan.zero == 3 else 1)
-    grads = 2 * psi / (plan.dp if plan.zero >= 2 else 1)
-    adam = 12 * psi / (plan.dp if plan.zero >= 1 else 1)
-    s, b, h, a, t = model.seq, plan.micro_batch, model.hidden, model.heads, plan.tp
-    layer = 2 * s * b * h if plan.recompute else s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    return weights + grads + adam + layer * model.layers / plan.pp * min(plan.accum, plan.pp)
+    """The same model written out: bytes per parameter with ZeRO's divisions, Korthikanti's table
+    without stored scores (FlashAttention), 1F1B's in-flight count, per stage."""
+    w, g, o = {"zero16": (2, 2, 12), "fp32_grads": (2, 4, 12)}[plan.precision]
+    d = plan.dp * plan.cp
+    per_stage = [model.layers // plan.pp + (1 if r < model.layers % plan.pp else 0) for r in range(plan.pp)]
+    if plan.stages:
+        per_stage = list(plan.stages)
+    s, b, h, t, V = model.seq / plan.cp, plan.micro_batch, model.hidden, plan.tp, model.vocab
+    ffn = model.ffn or 4 * h
+    split = 24 + 16 * ffn / (4 * h) - 16
+    if plan.recompute == "full":
+        layer = 2 * s * b * h / (t if plan.sp else 1)
+    else:
+        layer = s * b * h * ((10 + split) / t if plan.sp else 10 + split / t)
+    nothing_kept = s * b * h * ((10 + split) / t if plan.sp else 10 + split / t)
+    worst = 0.0
+    for r, n in enumerate(per_stage):
+        psi = (n * (model.params - 2 * V * h) / model.layers + V * h * ((r == 0) + (r == plan.pp - 1))) / t
+        states = psi * (w / (d if plan.zero == 3 else 1) + g / (d if plan.zero >= 2 else 1)
+                        + o / (d if plan.zero >= 1 else 1))
+        if plan.v == 1:
+            inflight = min(plan.accum, plan.pp - r)
+        else:
+            inflight = cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v)
+        acts = layer * n * inflight + (nothing_kept if plan.recompute == "full" else 0)
+        acts += 4 * b * s * V / t if r == plan.pp - 1 else 0
+        worst = max(worst, states + acts)
+    return worst
 
 
 def memory_no_activations(plan, model):
-    return cost.zero_memory_per_gpu(model.params / (plan.tp * plan.pp), plan.dp, plan.zero)
+    return max(_stage(plan, model, r, held=0, logits=False, working=False) for r in range(plan.pp))
 
 
 def memory_no_optimizer(plan, model):
-    return memory(plan, model) - 12 * model.params / (plan.tp * plan.pp) / (plan.dp if plan.zero else 1)
+    r = max(range(plan.pp), key=lambda r: _stage(plan, model, r))
+    params = planner.stage_layers(plan, model)[r] * model.layer_params + model.vocab * model.hidden * (
+        (r == 0) + (r == plan.pp - 1))
+    return memory(plan, model) - 12 * params / plan.tp / (plan.dp * plan.cp if plan.zero else 1)
 
 
 def memory_all_microbatches(plan, model):
-    per_layer = cost.activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads,
-                                                t=plan.tp, recompute=plan.recompute)
-    return memory_no_activations(plan, model) + per_layer * model.layers / plan.pp * plan.accum
+    return max(_stage(plan, model, r, held=plan.accum) for r in range(plan.pp))
 
 
 def memory_tp_ignored_in_activations(plan, model):
-    per_layer = cost.activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads,
-                                                recompute=plan.recompute)
-    return memory_no_activations(plan, model) + per_layer * model.layers / plan.pp * min(plan.accum, plan.pp)
+    return max(_stage(plan, model, r, tp_acts=1) for r in range(plan.pp))
+
+
+def memory_stage0_only(plan, model):
+    return _stage(plan, model, 0)
+
+
+def memory_no_logits(plan, model):
+    return max(_stage(plan, model, r, logits=False) for r in range(plan.pp))
+
+
+def memory_zero16_always(plan, model):
+    return max(_stage(plan, model, r, precision="zero16") for r in range(plan.pp))
 
 
 def memory_in_gb(plan, model):
@@ -65,31 +121,41 @@ def _why(plan):
     return {"dp": f"dp={plan.dp}", "tp": f"tp={plan.tp}", "pp": f"pp={plan.pp}", "zero": f"ZeRO-{plan.zero}"}
 
 
-def _search(work, mem=memory, tp_in_node=True, check_memory=True, recompute=(False, True),
-            zeros=(0, 1, 2, 3), sizes=_divisors, explain=_why):
+def _search(work, mem=memory, tp_in_node=True, check_memory=True, recompute=("none", "full"),
+            zeros=(0, 1, 2, 3), sizes=_divisors, explain=_why, headroom=True, rows=True, cps=True):
     m, c = work.model, work.cluster
+    cap = c.usable_memory if headroom else c.memory
+    modes = tuple(recompute) + (("selective",) if m.scores and "none" in recompute else ())
     best, best_time = None, float("inf")
     for tp in sizes(c.gpus):
-        if tp_in_node and (tp > c.gpus_per_node or c.gpus_per_node % tp) or m.heads % tp:
+        if tp_in_node and (tp > c.gpus_per_node or c.gpus_per_node % tp) or m.heads % tp \
+                or (m.kv % tp and tp % m.kv):
             continue
-        for pp in sizes(c.gpus // tp):
-            dp = c.gpus // (tp * pp)
-            if m.layers % pp or work.global_batch % dp:
+        for cp in sizes(c.gpus // tp):
+            if cp > 1 and (not cps or m.seq < planner.CP_FROM or cp > 16 or m.seq // cp < 2048
+                           or m.seq % (2 * cp)):
                 continue
-            for mb in sizes(work.global_batch // dp):
-                for zero in zeros:
-                    for rc in recompute:
-                        plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb,
-                                    accum=work.global_batch // (dp * mb), recompute=rc)
-                        if check_memory and mem(plan, m) > c.memory:
-                            continue
-                        t = planner.step_time(plan, work)["total"]
-                        if t < best_time:
-                            best, best_time = plan, t
+            for pp in sizes(c.gpus // (tp * cp)):
+                dp = c.gpus // (tp * cp * pp)
+                if pp > m.layers or work.global_batch % dp:
+                    continue
+                per_replica = work.global_batch // dp
+                for mb in sizes(per_replica if rows else work.global_batch):
+                    accum = max(1, per_replica // mb)
+                    vs = [1] + [v for v in (2, 4) if pp > 1 and m.layers % (pp * v) == 0 and accum % pp == 0]
+                    for v in vs:
+                        for zero in (zeros if dp * cp > 1 else (0,)):
+                            for rc in modes:
+                                plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb,
+                                            accum=accum, recompute=rc, v=v, precision=work.precision)
+                                if check_memory and mem(plan, m) > cap:
+                                    continue
+                                t = planner.step_time(plan, work)["total"]
+                                if t < best_time * (1 - 1e-12):
+                                    best, best_time = plan, t
     if best is None:
         return None
-    return Plan(**{k: getattr(best, k) for k in ("dp", "tp", "pp", "zero", "micro_batch", "accum",
-                                                 "recompute")}, why=explain(best))
+    return replace(best, why=explain(best))
 
 
 def choose(work):
@@ -97,27 +163,34 @@ def choose(work):
 
 
 def choose_with_product(work):
-    """A different shape: every combination from itertools.product, the best by a key."""
+    """A different shape: every combination from itertools.product, the fastest by tokens per second."""
     m, c, batch = work.model, work.cluster, work.global_batch
     options = []
-    for tp, pp in itertools.product(range(1, c.gpus_per_node + 1), range(1, m.layers + 1)):
-        if c.gpus % (tp * pp) or c.gpus_per_node % tp or m.heads % tp or m.layers % pp:
+    node = c.gpus_per_node
+    modes = ("none", "selective", "full") if m.scores else ("none", "full")
+    for tp, cp, pp in itertools.product(range(1, node + 1), (1, 2, 4, 8, 16), range(1, m.layers + 1)):
+        if c.gpus % (tp * cp * pp) or node % tp or m.heads % tp or (m.kv % tp and tp % m.kv):
             continue
-        dp = c.gpus // (tp * pp)
+        if cp > 1 and (m.seq < 16384 or m.seq // cp < 2048 or m.seq % (2 * cp)):
+            continue
+        dp = c.gpus // (tp * cp * pp)
         if batch % dp:
             continue
-        sizes = [mb for mb in range(1, batch // dp + 1) if batch // dp % mb == 0]
-        for mb, zero, rc in itertools.product(sizes, range(4), (True, False)):
-            plan = Plan(dp, tp, pp, zero, mb, batch // (dp * mb), rc)
-            if memory_by_hand(plan, m) <= c.memory:
+        rows = batch // dp
+        sizes = [mb for mb in range(1, rows + 1) if rows % mb == 0]
+        for mb, zero, rc, v in itertools.product(sizes, range(4), modes, (1, 2, 4)):
+            accum = rows // mb
+            if (zero and dp * cp == 1) or (v > 1 and (pp == 1 or m.layers % (pp * v) or accum % pp)):
+                continue
+            plan = Plan(dp, tp, pp, zero, mb, accum, rc, cp=cp, v=v, precision=work.precision)
+            if memory_by_hand(plan, m) <= c.memory * c.headroom:
                 options.append(plan)
     if not options:
         return None
-    fastest = min(options, key=lambda p: planner.step_time(p, work)["total"])
+    fastest = max(options, key=lambda p: (batch * m.seq / planner.step_time(p, work)["total"]))
     why = {"dp": "replicas: the GPUs left over", "tp": "inside a node", "pp": "stages of whole layers",
-           "zero": "as little sharding as fits"}
-    return Plan(fastest.dp, fastest.tp, fastest.pp, fastest.zero, fastest.micro_batch, fastest.accum,
-                fastest.recompute, why=why)
+           "zero": "the sharding that is fastest"}
+    return replace(fastest, why=why)
 
 
 def choose_ignores_activations(work):
@@ -136,8 +209,21 @@ def choose_never_checks_memory(work):
     return _search(work, check_memory=False)
 
 
+def choose_ignores_headroom(work):
+    return _search(work, headroom=False)
+
+
 def choose_no_recompute(work):
-    return _search(work, recompute=(False,))
+    return _search(work, recompute=("none",))
+
+
+def choose_no_context_parallel(work):
+    return _search(work, cps=False)
+
+
+def choose_rounds_accum_down(work):
+    """Issue 20, contract 10: micro-batches that divide the global batch, accumulation rounded down."""
+    return _search(work, rows=False)
 
 
 def choose_plan_even_if_nothing_fits(work):
@@ -164,14 +250,20 @@ CORRECT = {
 WRONG = {
     "memory": [(memory_no_activations, "activations are missing"),
                (memory_no_optimizer, "optimizer states"),
-               (memory_all_microbatches, "min(accum, pp)"),
+               (memory_all_microbatches, "min(accum, pp - r)"),
                (memory_tp_ignored_in_activations, "t=tp"),
+               (memory_stage0_only, "not always stage 0"),
+               (memory_no_logits, "fp32 logits"),
+               (memory_zero16_always, "plan.precision"),
                (memory_in_gb, "not GB")],
     "choose": [(choose_ignores_activations, "Without the activations"),
                (choose_ignores_optimizer, "Without the optimizer states"),
                (choose_tp_across_nodes, "inside a node"),
-               (choose_never_checks_memory, "over the 80 GB"),
-               (choose_no_recompute, "recompute=True"),
+               (choose_never_checks_memory, "over the 72 GB"),
+               (choose_ignores_headroom, "a plan may use only 90%"),
+               (choose_no_recompute, 'recompute="full"'),
+               (choose_no_context_parallel, "cp="),
+               (choose_rounds_accum_down, "fewer than the global batch"),
                (choose_plan_even_if_nothing_fits, "Return None when nothing fits"),
                (choose_calls_search, "planner.search"),
                (choose_without_reasons, "no line for tp, pp, zero")],

@@ -4,15 +4,18 @@
     lab06.check_choose(choose)                   # the fastest plan that fits, or None
 
 Both are plain functions graded in one process (no ranks).  The reference
-is ``parlab.planner``: ``memory_per_gpu`` must equal its memory model, and
-``choose`` must return a plan that ``planner.problems`` accepts whose
-predicted throughput equals the best that ``planner.search`` finds (any of
-several equally fast plans passes).  While ``choose`` runs, a profiler hook
+is planner v2 (``parlab.planner``): ``memory_per_gpu`` must equal its memory
+model on the busiest stage (``planner.memory_per_gpu``, the largest
+``planner.stage_memory``), and ``choose`` must return a plan that
+``planner.problems`` accepts (which includes fitting in headroom × HBM and
+dp·micro_batch·accum = global batch) whose predicted throughput equals the
+best that ``planner.search`` finds (any of several equally fast plans passes).  While ``choose`` runs, a profiler hook
 notes calls to the reference's search and memory functions, so an answer
 that hands the work to the reference is told so.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -41,49 +44,95 @@ class MemoryCase:
 
 
 def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=True, t=None,
-             recompute=None, stage=None, optim=12) -> float:
-    """The memory model with one piece changed, to recognise a mistake by its value."""
+             recompute=None, stage=None, optim=None, precision=None, embed=True, logits=True,
+             working=True, stage0=False, zero_over_cp=True) -> float:
+    """Planner v2's memory model (``planner.stage_memory``, busiest stage) with one piece changed,
+    to recognise a mistake by its value."""
     zero = plan.zero if stage is None else stage
-    psi = model.params / (plan.tp * plan.pp) if shard else model.params
-    states = cost.zero_memory_per_gpu(psi, plan.dp, zero, optim_bytes=optim)
-    act = cost.activation_bytes_per_layer(model.seq, plan.micro_batch, model.hidden, model.heads,
-                                          t=plan.tp if t is None else t,
-                                          recompute=plan.recompute if recompute is None else recompute)
-    layers = model.layers / plan.pp if per_stage else model.layers
-    if held is None:
-        held = cost.activations_held(plan.pp, plan.accum, "1f1b", rank=0)
-    return states + act * layers * held
+    mode = plan.recompute if recompute is None else recompute
+    w, g, o = cost.PRECISIONS[precision or plan.precision]
+    o = o if optim is None else optim
+    d = plan.dp * plan.cp if zero_over_cp else plan.dp
+    layers = planner.stage_layers(plan, model)
+    tp_act = plan.tp if t is None else t
+
+    def act(m):
+        return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
+                                               model.heads, t=tp_act, sp=plan.sp, recompute=m,
+                                               scores=model.scores, ffn=model.ffn_width)
+
+    totals = []
+    for r in ((0,) if stage0 else range(plan.pp)):
+        n = layers[r] if per_stage else model.layers
+        params = n * model.layer_params
+        if embed and r == 0:
+            params += model.vocab * model.hidden
+        if embed and r == plan.pp - 1 and (not model.tied or plan.pp > 1):
+            params += model.vocab * model.hidden
+        psi = params / plan.tp if shard else model.params
+        states = (w * psi / (d if zero >= 3 else 1) + g * psi / (d if zero >= 2 else 1)
+                  + o * psi / (d if zero >= 1 else 1))
+        if held is None:
+            inflight = (cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v)
+                        if plan.v > 1 else cost.activations_held(plan.pp, plan.accum, "1f1b", rank=r))
+        else:
+            inflight = plan.accum if held == "all" else held
+        acts = act(mode) * n * inflight
+        if working and mode == "full":
+            acts += act("none")
+        elif working and mode == "selective" and model.scores:
+            acts += act("none") - act("selective")
+        if logits and r == plan.pp - 1:
+            acts += planner.LOGIT_BYTES * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
+        totals.append(states + acts)
+    return max(totals)
 
 
 def _memory_mistakes(case: MemoryCase) -> list[tuple[float, str]]:
     p, m = case.plan, case.model
     parts = planner.memory_breakdown(p, m)
-    out = [(parts["weights"] + parts["grads"] + parts["optimizer"],
-            "The activations are missing: add activation_bytes_per_layer × layers per stage × "
-            "micro-batches in flight."),
+    other = "zero16" if p.precision == "fp32_grads" else "fp32_grads"
+    out = [(_variant(p, m, held=0, working=False, logits=False),
+            "The activations are missing: add activation_bytes_per_layer × the stage's layers × "
+            "micro-batches in flight, plus the logits on the last stage."),
            (planner.memory_per_gpu(p, m) - parts["optimizer"],
             "The optimizer states (12 bytes per parameter: fp32 master weights, momentum, variance) "
             "are missing."),
            (_variant(p, m, optim=8), "Adam's 12 bytes include the fp32 master weights (4 + 4 + 4)."),
-           (_variant(p, m, held=p.accum), "Under 1F1B stage 0 holds min(accum, pp) micro-batches, not "
-            "all accum of them (cost.activations_held)."),
-           (_variant(p, m, held=1), "Stage 0 holds the activations of min(accum, pp) micro-batches "
-            "under 1F1B, not one."),
-           (_variant(p, m, per_stage=False), "A pipeline stage holds only its layers / pp layers' "
-            "activations."),
-           (_variant(p, m, shard=False), "Each GPU holds only its Ψ / (tp·pp) share of the parameters "
-            "before ZeRO divides by dp."),
-           (_variant(p, m, t=1), "Tensor parallelism also splits most activations: pass t=tp to "
-            "activation_bytes_per_layer."),
-           (_variant(p, m, recompute=not p.recompute),
-            "plan.recompute decides the activations: 2sbh per layer with recomputation "
-            "(activation_bytes_per_layer(..., recompute=True))."),
+           (_variant(p, m, held="all"), "Under 1F1B stage r holds min(accum, pp - r) micro-batches, "
+            "not all accum of them (cost.activations_held)."),
+           (_variant(p, m, held=1), "Under 1F1B stage r holds the activations of min(accum, pp - r) "
+            "micro-batches (cost.activations_held), not one."),
+           (_variant(p, m, per_stage=False), "A pipeline stage holds only its own layers' "
+            "activations (planner.stage_layers)."),
+           (_variant(p, m, shard=False), "Each GPU holds only its stage's parameters ÷ tp "
+            "before ZeRO divides by dp·cp."),
+           (_variant(p, m, t=1), "Tensor parallelism also splits most activations: pass t=tp (and "
+            "sp=plan.sp) to activation_bytes_per_layer."),
+           (_variant(p, m, embed=False), "The first stage also holds the embedding and the last the "
+            "output layer (vocab × hidden parameters each, ÷ tp)."),
+           (_variant(p, m, stage0=True), "The busiest GPU is not always stage 0's: the last stage "
+            "holds the output layer and the logits; take the largest stage."),
+           (_variant(p, m, logits=False), "The last stage also holds the fp32 logits of one "
+            "micro-batch: 4·micro_batch·(seq/cp)·vocab/tp bytes."),
+           (_variant(p, m, working=False), "Under full recomputation the layer being recomputed "
+            "holds its whole working set (its recompute=\"none\" activations) on top."),
+           (_variant(p, m, precision=other), f"plan.precision is \"{p.precision}\": use its bytes "
+            f"(cost.PRECISIONS[\"{p.precision}\"]), not {other}'s."),
+           (_variant(p, m, zero_over_cp=False), "ZeRO shards the model states over dp·cp ranks, "
+            "not dp alone."),
            (planner.memory_per_gpu(p, m) / 1e9, "Return bytes, not GB.")]
+    for mode in planner.RECOMPUTE:
+        if mode != p.recompute:
+            out.append((_variant(p, m, recompute=mode), f"plan.recompute is \"{p.recompute}\": "
+                        f"that is the memory under \"{mode}\" (activation_bytes_per_layer(..., "
+                        f"recompute=plan.recompute))."))
     for s in cost.ZERO_STAGES:
         if s != p.zero:
             out.append((_variant(p, m, stage=s), f"That is ZeRO-{s}'s model-state memory; the plan "
                         f"asks for ZeRO-{p.zero}."))
-    return out
+    want = planner.memory_per_gpu(p, m)
+    return [(v, why) for v, why in out if not math.isclose(v, want, rel_tol=1e-6)]
 
 
 def _run_memory(fn, case: MemoryCase, i: int, spy) -> object:
@@ -105,17 +154,28 @@ _1B3 = ModelSpec("1.3B", 1.3e9, 24, 2048, 16, 2048)
 _7B = ModelSpec("7B", 7e9, 32, 4096, 32, 4096)
 _70B = ModelSpec("70B", 70e9, 80, 8192, 64, 4096)
 _13B = ModelSpec("13B", 13e9, 40, 5120, 40, 4096)
+_7B_32K = ModelSpec("7B", 7e9, 32, 4096, 32, 32768, ffn=11008)
 
 MEMORY = Exercise(
     key="lab06.memory", answer="memory_per_gpu", run=_run_memory, grade=_grade_memory, solo=True,
     visible=((1, (MemoryCase(Plan(dp=4, tp=2, pp=1, zero=1, micro_batch=1, accum=64), _7B),
-                  MemoryCase(Plan(dp=2, tp=2, pp=16, zero=0, micro_batch=1, accum=512, recompute=True), _70B),
-                  MemoryCase(Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=4, accum=16), _1B3),
-                  MemoryCase(Plan(dp=2, tp=4, pp=4, zero=2, micro_batch=2, accum=3), _70B))),),
+                  MemoryCase(Plan(dp=2, tp=2, pp=16, zero=0, micro_batch=1, accum=512, recompute="full"),
+                             _70B),
+                  MemoryCase(Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=4, accum=16, precision="zero16"),
+                             _1B3),
+                  MemoryCase(Plan(dp=2, tp=4, pp=3, zero=2, micro_batch=2, accum=6, sp=False), _70B),
+                  MemoryCase(Plan(dp=4, tp=2, pp=8, zero=2, micro_batch=1, accum=256), _70B),
+                  MemoryCase(Plan(dp=16, tp=1, pp=1, cp=2, zero=1, micro_batch=1, accum=4), _7B_32K),
+                  MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=4, accum=1), _1B3))),),
     hidden=((1, (MemoryCase(Plan(dp=5, tp=8, pp=2, zero=3, micro_batch=1, accum=1), _13B),
-                 MemoryCase(Plan(dp=3, tp=1, pp=5, zero=1, micro_batch=3, accum=7, recompute=True), _13B),
+                 MemoryCase(Plan(dp=3, tp=1, pp=5, zero=1, micro_batch=3, accum=7, recompute="full"), _13B),
                  MemoryCase(Plan(dp=1, tp=1, pp=1, zero=0, micro_batch=2, accum=2), _1B3),
-                 MemoryCase(Plan(dp=16, tp=4, pp=2, zero=2, micro_batch=1, accum=40), _70B))),))
+                 MemoryCase(Plan(dp=16, tp=4, pp=2, zero=2, micro_batch=1, accum=40, precision="zero16"),
+                            _70B),
+                 MemoryCase(Plan(dp=2, tp=8, pp=3, zero=1, micro_batch=1, accum=12, recompute="full",
+                                 sp=False), _70B),
+                 MemoryCase(Plan(dp=4, tp=2, pp=4, zero=1, micro_batch=1, accum=8, v=2), _13B),
+                 MemoryCase(Plan(dp=4, tp=1, pp=2, cp=4, zero=3, micro_batch=1, accum=2), _7B_32K))),))
 
 
 # ---------------------------------------------------------------- exercise B: choose
@@ -166,22 +226,52 @@ def best(work: Workload):
 
 def _why_nothing_fits(work: Workload) -> str:
     m, c = work.model, work.cluster
-    states = cost.training_bytes(m.params).total
-    if states > c.gpus * c.memory:
-        return (f"its model states alone are {states / 1e9:.0f} GB (16 bytes per parameter), more than "
-                f"the {c.gpus * c.memory / 1e9:.0f} GB of all {c.gpus} GPUs together")
+    per_param = sum(cost.PRECISIONS[work.precision])
+    states = per_param * m.params
+    if states > c.gpus * c.usable_memory:
+        return (f"its model states alone are {states / 1e9:.0f} GB ({per_param} bytes per parameter, "
+                f"{work.precision}), more than the {c.gpus * c.usable_memory / 1e9:.0f} GB a plan may use "
+                f"on all {c.gpus} GPUs together")
     return "every layout needs more memory per GPU than it has, or breaks a rule"
 
 
 def _memory_hint(plan: Plan, work: Workload) -> str:
     """Name the terms whose omission would have made ``plan`` look as if it fits."""
-    parts, cap = planner.memory_breakdown(plan, work.model), work.cluster.memory
+    parts, cap = planner.memory_breakdown(plan, work.model), work.cluster.usable_memory
     total = sum(parts.values())
     hints = [f" Without the {words} ({parts[key] / 1e9:.1f} GB) it would fit: does your "
              f"memory_per_gpu count them?"
              for key, words in (("activations", "activations"), ("optimizer", "optimizer states"))
              if total - parts[key] <= cap]
+    if total <= work.cluster.memory:
+        hints = [f" It fits in the {work.cluster.memory / 1e9:.0f} GB of HBM, but a plan may use only "
+                 f"{work.cluster.headroom:.0%} of it (work.cluster.usable_memory)."] + hints
     return "".join(hints) or " Check your memory_per_gpu against this breakdown."
+
+
+def _batch_hint(plan: Plan, work: Workload) -> str:
+    """Name a micro-batch that divides the global batch but not a replica's rows."""
+    done, rows = plan.dp * plan.micro_batch * plan.accum, work.global_batch / plan.dp
+    if done == work.global_batch:
+        return ""
+    fewer = "fewer" if done < work.global_batch else "more"
+    return (f" That is {done} sequences per step, {fewer} than the global batch of {work.global_batch}: "
+            f"micro_batch must divide a replica's rows (global_batch / dp = {rows:g}), so that "
+            f"dp·micro_batch·accum = global_batch.")
+
+
+def _slower_hint(plan: Plan, top: Plan, model: ModelSpec) -> str:
+    """Name the axes the fastest plan uses that the answer's search may not try."""
+    hints = []
+    if top.recompute != plan.recompute and top.recompute != "none":
+        hints.append(f"recompute=\"{top.recompute}\"")
+    if top.cp != plan.cp and top.cp > 1:
+        hints.append(f"cp={top.cp}")
+    if top.v != plan.v and top.v > 1:
+        hints.append(f"interleaving v={top.v}")
+    if top.pp > 1 and model.layers % top.pp:
+        hints.append(f"uneven pipeline stages ({model.layers} layers on pp={top.pp})")
+    return f" The fastest plan uses {', '.join(hints)}: does your search try it?" if hints else ""
 
 
 def _grade_choose(g: Graded) -> str | None:
@@ -194,8 +284,8 @@ def _grade_choose(g: Graded) -> str | None:
                         f"{_why_nothing_fits(work)}. Return None when nothing fits.")
             continue
         if got is None:
-            hint = (" Only plans that recompute the activations fit: does your search try "
-                    "recompute=True?" if top.plan.recompute else "")
+            hint = (f" Only plans that recompute the activations fit: does your search try "
+                    f"recompute=\"{top.plan.recompute}\"?" if top.plan.recompute != "none" else "")
             return (f"choose returned None for {where}, but {top.plan} fits "
                     f"({sum(top.memory.values()) / 1e9:.1f} GB per GPU).{hint}")
         if not isinstance(got, dict) or "dp" not in got:
@@ -206,13 +296,14 @@ def _grade_choose(g: Graded) -> str | None:
         if problems:
             hint = _memory_hint(plan, work) if "GB per GPU" in problems[-1] else ""
             return (f"choose picked {plan} for {where}, which cannot run: " + "; ".join(problems)
-                    + "." + hint)
+                    + "." + hint + _batch_hint(plan, work))
         mine = planner.predict(plan, work).tokens_per_second
         if mine < top.tokens_per_second * (1 - 1e-9):
             return (f"choose picked {plan} for {where}: it fits, but its predicted throughput is "
                     f"{mine:,.0f} tokens/s against {top.tokens_per_second:,.0f} for {top.plan}. "
-                    "Search every dp·tp·pp factorisation, ZeRO stage, micro-batch size and "
-                    "recomputation, and keep the fastest plan that fits.")
+                    "Search every dp·cp·tp·pp factorisation, ZeRO stage, micro-batch size, "
+                    "recomputation and interleaving, and keep the fastest plan that fits."
+                    + _slower_hint(plan, top.plan, work.model))
     return None
 
 
@@ -246,15 +337,25 @@ def _explains_each_axis(records, case, n) -> str | None:
     return None
 
 
-#: The lecture's scenarios, and a cluster whose nodes hold 6 GPUs (as Summit's did), where a TP
-#: group of 4 would straddle two nodes.
+#: The lecture's scenarios; clusters whose nodes hold 6 GPUs (as Summit's did), where a TP
+#: group of 4 would straddle two nodes (and for 70B would be predicted fastest); nodes of 2 with a batch whose replica rows (36 / dp)
+#: not every divisor of the batch divides (issue 20, contract 10); 40 GB A100s, where only full
+#: recomputation is fastest.
 SCENARIOS = tuple(ChooseCase(name, work) for name, work in planner.SCENARIOS.items()) + (
-    ChooseCase("13B on 12 GPUs in nodes of 6", Workload(_13B, Cluster(12, gpus_per_node=6), 96)),)
+    ChooseCase("13B on 12 GPUs in nodes of 6", Workload(_13B, Cluster(12, gpus_per_node=6), 96)),
+    ChooseCase("13B on 6 GPUs in nodes of 2", Workload(_13B, Cluster(6, gpus_per_node=2), 36)),
+    ChooseCase("13B on 8 A100s (40 GB)", Workload(_13B, planner.A100_40GB(8), 64)),
+    ChooseCase("70B on 48 GPUs in nodes of 6", Workload(_70B, Cluster(48, gpus_per_node=6), 96)),)
 HIDDEN = (
     ChooseCase("13B on 24 GPUs in nodes of 6", Workload(_13B, Cluster(24, gpus_per_node=6), 48)),
     ChooseCase("7B on 2 nodes of 4 GPUs", Workload(_7B, Cluster(8, gpus_per_node=4), 64)),
     ChooseCase("70B on one 141 GB GPU", Workload(_70B, Cluster(1, memory=141e9), 8)),
     ChooseCase("13B, 16k tokens on 32 GPUs", Workload(ModelSpec("13B", 13e9, 40, 5120, 40, 16384),
+                                                     Cluster(32), 32)),
+    ChooseCase("13B on 10 GPUs in nodes of 2", Workload(_13B, Cluster(10, gpus_per_node=2), 60)),
+    ChooseCase("7B on 4 A100s (40 GB)", Workload(_7B, planner.A100_40GB(4), 64)),
+    ChooseCase("70B on 36 GPUs in nodes of 6", Workload(_70B, Cluster(36, gpus_per_node=6), 72)),
+    ChooseCase("13B, 32k tokens on 32 GPUs", Workload(ModelSpec("13B", 13e9, 40, 5120, 40, 32768),
                                                      Cluster(32), 32)),
 )
 
@@ -270,7 +371,10 @@ CHOOSE = Exercise(
                 _explains_each_axis)),
     timeout=120)
 
-check_memory_per_gpu = checker(MEMORY, """Exercise 4: ``memory_per_gpu(plan, model)`` -> bytes the GPU
-holding pipeline stage 0 needs (model states under ZeRO plus activations under 1F1B).""")
+check_memory_per_gpu = checker(MEMORY, """Exercise 4: ``memory_per_gpu(plan, model)`` -> bytes the busiest
+GPU needs under planner v2's model (``planner.stage_memory`` of the busiest stage: model states of the
+stage's layers, embedding and output layer under ZeRO over dp·cp, activations under 1F1B with the
+recomputation's working set, and the last stage's fp32 logits).""")
 check_choose = checker(CHOOSE, """Exercise 5: ``choose(work)`` -> the fastest ``planner.Plan`` that fits
-``work`` (a ``planner.Workload``), with a one-line reason per axis, or None when nothing fits.""")
+``work`` (a ``planner.Workload``) within ``work.cluster.usable_memory``, with dp·micro_batch·accum equal to
+the global batch, and a one-line reason per axis, or None when nothing fits.""")

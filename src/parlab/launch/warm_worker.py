@@ -115,6 +115,10 @@ def serve(address, authkey: bytes, seed: int):
     conn = Client(address, authkey=authkey)
     import socket
 
+    from parlab.wire import exclude_peer
+
+    exclude_peer(address)  # this link carries cells and replies, not collectives
+
     with socket.socket(fileno=os.dup(conn.fileno())) as sock:  # replies go out at once
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn.send_bytes(json.dumps({"rank": rank, "pid": os.getpid()}).encode())
