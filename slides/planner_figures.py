@@ -122,7 +122,8 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
         first, second = _row_text(row)
         side.text(0.0, y - 0.19, first, va="center", fontsize=12,
                   color="black" if row.best else "#c0392b", fontweight=None if row.best else "bold")
-        side.text(0.0, y + 0.22, second, va="center", fontsize=11.5, color="#333333")
+        side.text(0.0, y + 0.22, second, va="center", fontsize=11.5 if len(second) <= 64 else 10,
+                  color="#333333")
     ax.axvline(cap, color="#c0392b", ls="--", lw=1.6)
     ax.text(cap + 2, -0.6, f"{cap:.0f} GB per GPU", color="#c0392b", ha="left", va="center", fontsize=11)
     usable = {row.work.cluster.usable_memory for row in rows}
@@ -140,7 +141,7 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
     side.set_xlim(0, 1)
     eff = "/".join(sorted({f"{row.work.cluster.efficiency:.0%}" for row in rows}))
     room = "/".join(sorted({f"{row.work.cluster.headroom:.0%}" for row in rows}))
-    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search (predicted by planner v2: GEMMs at {eff} "
+    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search\n(predicted by planner v2: GEMMs at {eff} "
                  f"of peak × a shape factor, traffic overlapped where Megatron overlaps it, ≤ {room} of HBM)",
                  fontsize=11.5)
     return fig

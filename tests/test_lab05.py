@@ -41,7 +41,7 @@ class zero1_tensor_split:
     """Uneven shards from tensor_split, per-parameter all-reduce, list all_gather of padded pieces."""
 
     def __init__(self, params, make_optimizer):
-        self.params = list(params)
+        self.params = [p for p in params if p.requires_grad]
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.sizes = [len(c) for c in flat.tensor_split(self.n)]
@@ -71,6 +71,40 @@ class zero1_tensor_split:
 
 class zero1_flat(_Flat):
     """The shared flat-shard design: reduce-scatter is allowed in ZeRO-1 too."""
+
+
+class zero1_per_tensor:
+    """A padded shard of each trainable tensor; frozen ones skipped at step time by their None grad."""
+
+    def __init__(self, params, make_optimizer):
+        self.params = list(params)  # frozen ones too: they are recognised by p.grad is None
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.shards = {}
+        for k, p in enumerate(self.params):
+            if p.requires_grad:
+                c = -(-p.numel() // self.n)
+                flat = torch.zeros(c * self.n)
+                flat[: p.numel()] = p.detach().reshape(-1)
+                self.shards[k] = flat[self.rank * c:(self.rank + 1) * c].clone().requires_grad_()
+        self.opt = make_optimizer(list(self.shards.values()))
+
+    def step(self):
+        for k, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            shard = self.shards[k]
+            c = shard.numel()
+            g = torch.zeros(c * self.n)
+            g[: p.numel()] = p.grad.reshape(-1)
+            dist.all_reduce(g)
+            shard.grad = g[self.rank * c:(self.rank + 1) * c] / self.n
+        self.opt.step()
+        for k, shard in self.shards.items():
+            p = self.params[k]
+            full = torch.empty(shard.numel() * self.n)
+            dist.all_gather_into_tensor(full, shard.detach())
+            with torch.no_grad():
+                p.copy_(full[: p.numel()].view_as(p))
 
 
 class zero2_flat(_Flat):
@@ -142,7 +176,8 @@ def fsdp2_mesh_no_reshard(model, blocks):
 CORRECT = {
     "memory": {"memory": memory, "memory_from_bytes_per_param": memory_from_bytes_per_param},
     "comm": {"comm": comm},
-    "zero1": {"zero1_tensor_split": zero1_tensor_split, "zero1_flat": zero1_flat},
+    "zero1": {"zero1_tensor_split": zero1_tensor_split, "zero1_flat": zero1_flat,
+              "zero1_per_tensor": zero1_per_tensor},
     "zero2": {"zero2_flat": zero2_flat, "zero2_list_api": zero2_list_api},
     "zero3": {"zero3_layers": zero3_layers, "zero3_prefetch": zero3_prefetch},
     "fsdp2": {"fsdp2_loop": fsdp2_loop, "fsdp2_mesh_no_reshard": fsdp2_mesh_no_reshard},

@@ -81,8 +81,8 @@ def report(plan: Plan, work: Workload):
              f"{cap:.0f} GB)"]
     if t is not None:
         lines.append(f"step {t['total']:.2f} s = compute {t['compute']:.2f} + bubble {t['bubble']:.2f} "
-                     f"+ TP {t['tp']:.2f} + CP {t['cp']:.2f} + PP {t['pp']:.2f} + DP {t['dp']:.2f} "
-                     f"(exposed); {guess.tokens_per_second:,.0f} tokens/s")
+                     f"+ TP {t['tp']:.2f} + CP {t['cp']:.2f} + PP {t['pp']:.2f} + DP {t['dp']:.2f}")
+        lines.append(f"{guess.tokens_per_second:,.0f} tokens/s (communication counted where it is exposed)")
     if t is not None and work.tokens:
         lines.append(f"time to train on {work.tokens:.3g} tokens: "
                      f"{_days(planner.time_to_train(plan, work))}")

@@ -11,18 +11,24 @@ import torch.distributed as dist
 
 # ------------------------------------------------------------ shared pieces of the fixtures
 class _Flat:
-    """A flat fp32 shard of the parameters per rank: padded to ceil(numel / n) elements."""
+    """A flat fp32 shard of the trainable parameters per rank: padded to ceil(numel / n) elements.
+
+    Frozen parameters (``requires_grad=False``) are left out, as the exercise says.
+    """
 
     divide = True
 
     def __init__(self, params, make_optimizer):
-        self.params = list(params)
+        self.params = self.sharded(list(params))
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = self.chunk_size()
         flat = self.padded([p.detach() for p in self.params])
         self.shard = flat[self.rank * self.chunk:(self.rank + 1) * self.chunk].clone().requires_grad_()
         self.opt = make_optimizer(self.optimized())
+
+    def sharded(self, params):
+        return [p for p in params if p.requires_grad]
 
     def chunk_size(self):
         return -(-self.numel // self.n)
@@ -100,6 +106,42 @@ class zero1_summed(_Flat):
     divide = False
 
 
+class zero1_crashes_on_frozen(_Flat):
+    """Flattens every parameter's .grad, frozen ones included: None has no reshape."""
+
+    def sharded(self, params):
+        return params
+
+
+class _ZeroFilled(_Flat):
+    """Shards every parameter and fills a frozen one's missing gradient with zeros."""
+
+    def sharded(self, params):
+        return params
+
+    def grads(self):
+        return self.padded([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+
+
+class zero1_zero_fills_frozen(_ZeroFilled):
+    """AdamW's weight decay then shrinks the frozen parameters, though their gradient is zero."""
+
+
+class zero1_writes_every_param(_Flat):
+    """Shards the trainable parameters, but writes the gathered vector back over all of them."""
+
+    def __init__(self, params, make_optimizer):
+        self.every = list(params)
+        super().__init__(self.every, make_optimizer)
+
+    def write(self, flat):
+        trainable, self.params = self.params, self.every
+        try:
+            super().write(flat)
+        finally:
+            self.params = trainable
+
+
 # ------------------------------------------------------------ exercise 4: ZeRO-2
 class _Freeing(_Flat):
     def step(self):
@@ -123,6 +165,15 @@ class zero2_keeps_grads(_Flat):
 
 class zero2_summed(_Freeing):
     divide = False
+
+
+class zero2_zero_fills_frozen(_ZeroFilled):
+    """ZeRO-2 that zero-fills the frozen parameters' gradients: weight decay moves them."""
+
+    def step(self):
+        super().step()
+        for p in self.params:
+            p.grad = None
 
 
 # ------------------------------------------------------------ exercise 5: ZeRO-3
@@ -298,9 +349,13 @@ WRONG = {
     "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's")],
     "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice")],
     "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
-              (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged")],
+              (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged"),
+              (zero1_crashes_on_frozen, "shard only the parameters with p.requires_grad"),
+              (zero1_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
+              (zero1_writes_every_param, "never write into the frozen ones")],
     "zero2": [(zero2_all_reduce, "no `dist.all_reduce`"), (zero2_keeps_grads, "still hold gradients"),
-              (zero2_summed, "not averaged")],
+              (zero2_summed, "not averaged"),
+              (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay")],
     "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),

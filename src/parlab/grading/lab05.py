@@ -15,6 +15,9 @@ grader registers after the student's, so under ZeRO-3 they are read right
 after the student's all-gather.  What each rank holds is measured there and
 after each step, in storage bytes (``lab05_rules``): a ZeRO-3 that never
 frees a gathered layer gives the right numbers and still fails.
+For ZeRO-1/2 the last case freezes two parameters (``requires_grad=False``):
+only the trainable ones are sharded, and the frozen ones must stay bit-identical,
+as with a single-process AdamW, which skips a parameter whose ``.grad`` is None.
 Exercise 6 (``lab05_fsdp``) applies FSDP2's ``fully_shard`` to parlab's GPT
 and compares the full gradients with DDP's.
 References: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
@@ -50,15 +53,40 @@ class Case:
     optim: str = "sgd"          # "sgd" (momentum 0.9) or "adamw"
     steps: int = 2
     rows: int = 2               # rows of the global batch per rank
+    frozen: tuple[int, ...] = ()  # indices in model.parameters() order built with requires_grad=False
 
     @property
     def numel(self) -> int:
+        """Every parameter element, frozen ones included (what the flat comparison reads)."""
         return sum(a * b + b for a, b in zip(self.dims, self.dims[1:]))
 
+    def sizes(self) -> list[int]:
+        """Elements of each parameter tensor, in ``model.parameters()`` order."""
+        return [s for a, b in zip(self.dims, self.dims[1:]) for s in (a * b, b)]
+
+    def names(self) -> list[str]:
+        """The parameters' names in the ``nn.Sequential`` (``0.weight``, ``0.bias``, ``2.weight``, ...)."""
+        return [f"{2 * (k // 2)}.{'bias' if k % 2 else 'weight'}" for k in range(len(self.sizes()))]
+
+    @property
+    def trainable(self) -> int:
+        """Ψ: the elements of the parameters that require grad (the ones ZeRO shards)."""
+        return sum(s for k, s in enumerate(self.sizes()) if k not in self.frozen)
+
+    def frozen_mask(self) -> torch.Tensor:
+        """(numel,) bool: True at the elements of the frozen parameters."""
+        return torch.cat([torch.full((s,), k in self.frozen) for k, s in enumerate(self.sizes())])
+
     def describe(self, n: int) -> str:
-        uneven = f", not divisible by world_size {n}" if self.numel % n else ""
-        return (f"an MLP of widths {self.dims} (Ψ = {self.numel} parameters{uneven}), "
-                f"{self.optim}, {self.steps} steps, world_size {n}")
+        psi = self.trainable
+        uneven = f", not divisible by world_size {n}" if psi % n else ""
+        if self.frozen:
+            names = ", ".join(self.names()[k] for k in self.frozen)
+            shape = (f"with {names} frozen (requires_grad=False; Ψ = {psi} trainable of {self.numel} "
+                     f"parameters{uneven})")
+        else:
+            shape = f"(Ψ = {psi} parameters{uneven})"
+        return f"an MLP of widths {self.dims} {shape}, {self.optim}, {self.steps} steps, world_size {n}"
 
     def build(self) -> nn.Sequential:
         g = torch.Generator().manual_seed(INIT_SEED)
@@ -69,12 +97,20 @@ class Case:
                 lin.weight.copy_(torch.randn(b, a, generator=g) / a**0.5)
                 lin.bias.copy_(torch.randn(b, generator=g) * 0.1)
             layers += [lin, nn.Tanh()]
-        return nn.Sequential(*layers[:-1])
+        model = nn.Sequential(*layers[:-1])
+        for k, p in enumerate(model.parameters()):
+            p.requires_grad_(k not in self.frozen)
+        return model
 
     def optimizer(self, tensors) -> torch.optim.Optimizer:
         if self.optim == "sgd":
             return torch.optim.SGD(tensors, lr=0.2, momentum=0.9)
         return torch.optim.AdamW(tensors, lr=0.02, weight_decay=0.1)
+
+    @property
+    def decay(self) -> float:
+        """What one step's weight decay multiplies a parameter by (AdamW: 1 - lr · weight_decay)."""
+        return 1 - 0.02 * 0.1 if self.optim == "adamw" else 1.0
 
     def batch(self, step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(DATA_SEED + 100 * step + self.numel)
@@ -90,7 +126,7 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
 def reference(case: Case, n: int) -> list[torch.Tensor]:
     """Flat parameters before step 0, 1, ..., steps of single-process training on the whole batch."""
     model = case.build()
-    opt = case.optimizer(list(model.parameters()))
+    opt = case.optimizer([p for p in model.parameters() if p.requires_grad])  # frozen ones never move
     flats = []
     for s in range(case.steps + 1):
         flats.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
@@ -173,9 +209,9 @@ def _flat(mod: nn.Module) -> torch.Tensor:
 
 
 def _settle(result: dict, case: Case, i: int, n: int) -> bool:
-    ref = reference(case, n)
+    ref, frozen = reference(case, n), case.frozen_mask()
     return all(f is not None and f.shape == r.shape and bool(check.close_mask(f, r, *_tols(case)).all())
-               for f, r in zip(result["flats"], ref))
+               and torch.equal(f[frozen], r[frozen]) for f, r in zip(result["flats"], ref))
 
 
 def _tols(case: Case) -> tuple[float, float]:
@@ -185,12 +221,14 @@ def _tols(case: Case) -> tuple[float, float]:
 # ---------------------------------------------------------------- graders
 def _grade_training(g: Graded) -> str | None:
     for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
-        ref = reference(case, g.n)
+        ref, frozen = reference(case, g.n), case.frozen_mask()
         for r, res in enumerate(g.at(i)):
             for s, (got, want) in enumerate(zip(res["flats"], ref)):
                 where = f"{g.name} is wrong for {case.describe(g.n)}: on rank {r}"
                 if got is None or got.shape != want.shape:
                     return f"{where}, the model's parameters could not be read before forward {s}."
+                if not torch.equal(got[frozen], want[frozen]):
+                    return rules.frozen_moved(where, s, got, want, case)
                 bad = ~check.close_mask(got, want, *_tols(case))
                 if bool(bad.any()):
                     return rules.wrong_params(where, s, got, want, ref, bad, case, g.n,
@@ -256,6 +294,13 @@ COMM = Exercise(
 _TRAIN_VISIBLE = ((3, (Case((4, 6, 5, 3)), Case((5, 4, 4, 2), "adamw"), Case((3, 4, 3, 4, 2)))),)
 _TRAIN_HIDDEN = ((4, (Case((4, 6, 5, 3), steps=3), Case((2, 3, 5, 1), "adamw"),
                       Case((4, 4, 4, 4)))),)
+# ZeRO-1/2 take the model's parameters, frozen ones included (as CS336's sharded-optimizer test
+# does): a last case with two of them frozen, under AdamW, whose weight decay would move a frozen
+# parameter whose gradient was filled with zeros.  (ZeRO-3 takes layers; its cases have none.)
+_FROZEN_VISIBLE = Case((5, 4, 4, 2), "adamw", frozen=(1, 2))
+_FROZEN_HIDDEN = Case((3, 5, 4, 2), "adamw", frozen=(1, 4))
+_PARAMS_VISIBLE = tuple((n, cases + (_FROZEN_VISIBLE,)) for n, cases in _TRAIN_VISIBLE)
+_PARAMS_HIDDEN = tuple((n, cases + (_FROZEN_HIDDEN,)) for n, cases in _TRAIN_HIDDEN)
 _HANG = ("every rank must call the same collectives in the same order with the same sizes: pad "
          "the flat vector to a multiple of world_size so that every shard has ceil(Ψ / N) elements.")
 _MISMATCH = ("all_gather_single/reduce_scatter_single need an output of exactly world_size × the "
@@ -266,17 +311,17 @@ _OWN_SHARD = Rule("Hand `make_optimizer` only this rank's shard: at most ceil(Ψ
 
 ZERO1 = Exercise(
     key="lab05.zero1", answer="ZeRO1", run=_run(1), grade=_grade_training, kind="class",
-    visible=_TRAIN_VISIBLE, hidden=_TRAIN_HIDDEN, settle=_settle, timeout=120,
-    rules=(_OWN_SHARD,), on_hang=_HANG, on_mismatch=_MISMATCH)
+    visible=_PARAMS_VISIBLE, hidden=_PARAMS_HIDDEN, settle=_settle, timeout=120,
+    rules=(_OWN_SHARD,), on_hang=_HANG, on_mismatch=_MISMATCH, on_error=rules.frozen_hint)
 
 ZERO2 = Exercise(
     key="lab05.zero2", answer="ZeRO2", run=_run(2), grade=_grade_training, kind="class",
-    visible=_TRAIN_VISIBLE, hidden=_TRAIN_HIDDEN, settle=_settle, timeout=120,
+    visible=_PARAMS_VISIBLE, hidden=_PARAMS_HIDDEN, settle=_settle, timeout=120,
     rules=(_OWN_SHARD,
            Rule("Reduce-scatter the gradients: no `dist.all_reduce`.", rules.no_all_reduce),
            Rule("After `step()` no parameter of the model keeps its `.grad`: the only gradient a "
                 "rank holds is its shard's.", rules.grads_freed)),
-    on_hang=_HANG, on_mismatch=_MISMATCH)
+    on_hang=_HANG, on_mismatch=_MISMATCH, on_error=rules.frozen_hint)
 
 ZERO3 = Exercise(
     key="lab05.zero3", answer="ZeRO3", run=_run(3), grade=_grade_training, kind="class",
@@ -313,9 +358,10 @@ rank under ZeRO stage 0-3 with mixed-precision Adam (2 + 2 + 12 bytes per parame
 check_comm = checker(COMM, """Exercise 2: ``fn(n_params, n, stage, bytes_per_elem)`` -> bytes each
 rank sends per training step under ZeRO stage 0-3 (ring collectives).""")
 check_zero1 = checker(ZERO1, """Exercise 3: ``ZeRO1(params, make_optimizer)`` with ``.step()``:
-gradients all-reduced, each rank steps its own shard, then all-gathers.""")
+gradients all-reduced, each rank steps its own shard, then all-gathers.  Only the parameters
+that require grad are sharded; frozen ones must stay bit-identical.""")
 check_zero2 = checker(ZERO2, """Exercise 4: ``ZeRO2(params, make_optimizer)``: gradients
-reduce-scattered into the owned shard, the rest freed.""")
+reduce-scattered into the owned shard, the rest freed; frozen parameters as in ``ZeRO1``.""")
 check_zero3 = checker(ZERO3, """Exercise 5: ``ZeRO3(layers, make_optimizer)``: parameters
 sharded, each layer gathered before its forward and backward and freed after.""")
 check_fsdp2 = checker(FSDP2, """Exercise 6: ``fn(model, blocks)`` applies FSDP2's ``fully_shard``

@@ -52,7 +52,7 @@ def _notes(rec: dict, event: str) -> list[dict]:
 
 
 def optimizer_sharded(records, case, n):
-    tensors = [b * a for a, b in zip(case.dims, case.dims[1:])] + list(case.dims[1:])
+    tensors = [s for k, s in enumerate(case.sizes()) if k not in case.frozen]  # Ψ: trainable only
     bound = _bound(tensors, n)
     for r, rec in enumerate(records):
         opts = _notes(rec, "optimizers")
@@ -62,9 +62,9 @@ def optimizer_sharded(records, case, n):
                     "with make_optimizer([...]), the optimizer the grader chose.")
         handed = sum(f["handed"] for f in facts)
         if handed > bound:
-            full = " (the whole model: every rank steps every parameter)" if handed >= case.numel else ""
+            full = " (the whole model: every rank steps every parameter)" if handed >= case.trainable else ""
             return (f"rank {r} handed make_optimizer {handed} elements{full}; its shard has at most "
-                    f"ceil(Ψ / N) = {math.ceil(case.numel / n)}. The optimizer state is then not "
+                    f"ceil(Ψ / N) = {math.ceil(case.trainable / n)}. The optimizer state is then not "
                     "sharded, and there is no memory saved.")
     return None
 
@@ -141,6 +141,33 @@ def regathered_in_backward(records, case, n):
     return None
 
 
+def frozen_hint(text: str) -> str:
+    """ZeRO-1/2: a parameter's ``.grad`` was None, as a frozen parameter's always is."""
+    if "'NoneType' object has no attribute" in text or "got NoneType" in text:
+        return ("a parameter's .grad was None. The check's last model has frozen parameters "
+                "(requires_grad=False), which get no gradient: shard only the parameters with "
+                "p.requires_grad, and leave the frozen ones untouched (filling their gradient with "
+                "zeros is not the same: AdamW's weight decay would still move them).")
+    return ""
+
+
+def frozen_moved(where: str, s: int, got, want, case) -> str:
+    """The frozen parameters changed: name them, and the zero-filled gradient if that is what it was."""
+    sizes, names = case.sizes(), case.names()
+    offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+    moved = [names[k] for k in case.frozen
+             if not torch.equal(got[offsets[k]:offsets[k] + sizes[k]], want[offsets[k]:offsets[k] + sizes[k]])]
+    mask = case.frozen_mask()
+    decayed = (s >= 1 and case.decay != 1.0
+               and bool(torch.allclose(got[mask], want[mask] * case.decay**s, rtol=1e-5, atol=1e-7)))
+    why = (" They shrank by exactly AdamW's weight decay: their gradient was filled with zeros and "
+           "they were stepped." if decayed else "")
+    return (f"{where}, the frozen parameter(s) {', '.join(moved)} (requires_grad=False) changed "
+            f"before forward {s}: single-process AdamW skips a parameter whose .grad is None, so "
+            f"they must stay bit-identical.{why} Shard and step only the parameters with "
+            "p.requires_grad, and never write into the frozen ones.")
+
+
 def error_hint(text: str) -> str:
     if "storage" in text or "out of bounds" in text or "size 0" in text:
         return ("a layer's parameters were freed when backward needed them: backward reads the "
@@ -160,7 +187,7 @@ def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, ev
         if all(g is not None and g.shape == got.shape and bool((g == ref[0])[bad].all()) for g in every):
             idx = bad.nonzero().flatten().tolist()
             return (head + f" Parameter(s) {idx} were never updated, on any rank: the shards do "
-                    f"not cover every element. With Ψ = {case.numel} not divisible by N = {n}, "
+                    f"not cover every element. With Ψ = {case.trainable} not divisible by N = {n}, "
                     "the shard boundaries must still reach the last element (ceil(Ψ / N) per "
                     "rank, the last shard shorter or padded).")
         return (head + " Those parameters were never updated on this rank: only its own shard "
