@@ -86,6 +86,21 @@ def mesh_flattened_names(t, axis, dp, tp):
     return t
 
 
+def mesh_sub_mesh(t, axis, dp, tp):
+    """Takes the group from the 1-D slice of the mesh along the axis: mesh[axis].get_group()."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(t, group=mesh[axis].get_group())
+    return t
+
+
+def sync_avg(model, dp_group):
+    """ReduceOp.AVG: sum and divide in one call (gloo accepts it in torch 2.13)."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=dp_group)
+
+
 def sync_flat(model, dp_group):
     """One flat all-reduce of every gradient, then copied back."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -112,8 +127,8 @@ CORRECT = {
     "rank_of": {"rank_of_horner": rank_of_horner, "rank_of_arange": rank_of_arange},
     "groups": {"groups_loops": groups_loops, "groups_arange": groups_arange},
     "axis": {"axis_async_cached": axis_async_cached, "axis_reverse_order": axis_reverse_order},
-    "mesh": {"mesh_flattened_names": mesh_flattened_names},
-    "sync": {"sync_flat": sync_flat, "sync_async": sync_async},
+    "mesh": {"mesh_flattened_names": mesh_flattened_names, "mesh_sub_mesh": mesh_sub_mesh},
+    "sync": {"sync_flat": sync_flat, "sync_async": sync_async, "sync_avg": sync_avg},
 }
 
 

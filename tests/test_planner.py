@@ -186,6 +186,8 @@ def test_presets_carry_their_hardware():
     assert planner.H200(16).memory == 141e9 and planner.H100_SXM(8).nvlink_busbw == 370e9
     host = planner.cpu_host(cores=2, ranks=2, flops_per_core=2e10)
     assert host.gpus == 2 and host.peak_flops == 2e10 and host.latency == 2e-4
+    assert planner.cpu_host(cores=8, ranks=2, flops_per_core=2e10).peak_flops == 8e10
+    assert planner.cpu_host(cores=2, ranks=4, flops_per_core=2e10).peak_flops == 1e10  # half a core each
 
 
 def test_every_candidate_uses_every_gpu_and_the_whole_batch():

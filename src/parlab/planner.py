@@ -243,12 +243,14 @@ def cpu_host(cores: int, ranks: int, flops_per_core: float, gloo_busbw: float = 
     """A CPU machine running ``ranks`` gloo ranks: one "node" whose links are gloo over loopback.
 
     ``flops_per_core`` should be measured (a matmul timed on one thread);
-    ``gloo_busbw`` and ``gloo_latency`` too (lab 01 measures them: about 1 to
-    2.5 GB/s and 0.2 ms here, FACTS.md).  Each rank gets cores // ranks cores.
+    ``gloo_busbw`` and ``gloo_latency`` too (lab 01's sweep measures them; the
+    defaults are of the order gloo reaches over loopback on a small machine).
+    Each rank gets cores // ranks cores, or a share cores / ranks of one core
+    when there are more ranks than cores (they then take turns on the cores).
     """
     _whole("cores", cores)
     _whole("ranks", ranks)
-    per_rank = max(1, cores // ranks) * flops_per_core
+    per_rank = (cores // ranks if cores >= ranks else cores / ranks) * flops_per_core
     return Cluster(ranks, gpus_per_node=ranks, memory=memory, peak_flops=per_rank, nvlink=gloo_busbw,
                    nvlink_busbw=gloo_busbw, network=gloo_busbw, efficiency=efficiency,
                    latency=gloo_latency, network_latency=gloo_latency, headroom=1.0,

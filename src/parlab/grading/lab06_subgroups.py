@@ -151,7 +151,7 @@ def _grade_axis(g: Graded) -> str | None:
                         f"{[list(c) for c in created[0]]}, rank {r} for {[list(c) for c in created[r]]}. "
                         + CREATE_ALL)
             meshes = [e for e in notes(g.records[r][i], "get_group")]
-            if meshes and (meshes[-1]["shape"] != [case.dp, case.tp] or meshes[-1]["names"] != ["dp", "tp"]):
+            if meshes and not _mesh_of(meshes[-1], case):
                 return (f"{where}, the DeviceMesh has shape {meshes[-1]['shape']} with names "
                         f"{meshes[-1]['names']}; " + MESH_SHAPE)
             got = _ranks_in(res["t"]) if res["t"].shape == want.shape else None
@@ -171,8 +171,9 @@ def _grade_axis(g: Graded) -> str | None:
 
 LAYOUT = ("TP is innermost: the TP group of rank r is the tp consecutive ranks around it, its DP group "
           "the ranks r mod tp, r mod tp + tp, ...")
-MESH_SHAPE = ("build it as init_device_mesh(device_type, (dp, tp), mesh_dim_names=(\"dp\", \"tp\")): "
-              "the outer dimension first, TP innermost.")
+MESH_SHAPE = ("build it as init_device_mesh(device_type, (dp, tp), mesh_dim_names=(\"dp\", \"tp\")), "
+              "the outer dimension first, TP innermost, and take the group with mesh.get_group(axis) "
+              "or mesh[axis].get_group().")
 CREATE_ALL = ("dist.new_group is collective over the whole world: every rank must call it for every "
               "group, in the same order, even for the groups it is not in, and keep the one it is in.")
 
@@ -215,9 +216,17 @@ def used_device_mesh(records, case, n):
         got = notes(rec, "get_group")
         if not got:
             return f"rank {r} never called mesh.get_group(axis): take the axis's group from the DeviceMesh."
-        if got[-1]["shape"] != [case.dp, case.tp] or got[-1]["names"] != ["dp", "tp"]:
+        if not _mesh_of(got[-1], case):
             return f"rank {r}'s DeviceMesh has shape {got[-1]['shape']} and names {got[-1]['names']}; " + MESH_SHAPE
     return None
+
+
+def _mesh_of(call: dict, case) -> bool:
+    """Was the group taken from the (dp, tp) mesh: ``mesh.get_group(axis)`` on the 2-D mesh, or
+    ``mesh[axis].get_group()`` on its 1-D slice along the axis?"""
+    if call["shape"] == [case.dp, case.tp] and call["names"] == ["dp", "tp"]:
+        return True
+    return call["names"] == [case.axis] and call["shape"] == [case.dp if case.axis == "dp" else case.tp]
 
 
 # ---------------------------------------------------------------- the exercises
@@ -232,8 +241,8 @@ _HANG = ("the ranks waited for each other. " + CREATE_ALL
 _SAYS_CREATE = ("Every rank calls `dist.new_group` for every group along the axis, in the same order, "
                 "even for the groups it is not in.")
 _SAYS_ONE = "Make exactly one `dist.all_reduce`, on this rank's group along `axis`: not on the whole world."
-_SAYS_MESH = ("Take the group from `mesh.get_group(axis)` of a DeviceMesh of shape (dp, tp) named "
-              "(\"dp\", \"tp\"): no `dist.new_group`.")
+_SAYS_MESH = ("Take the group from a DeviceMesh of shape (dp, tp) named (\"dp\", \"tp\"), with "
+              "`mesh.get_group(axis)` or `mesh[axis].get_group()`: no `dist.new_group`.")
 
 
 def _group_error(text: str) -> str:

@@ -156,7 +156,8 @@ def only_dp_group(records, case, n):
 
 def error_hint(text: str) -> str:
     if "AVG" in text or "ReduceOp" in text:
-        return "gloo has no ReduceOp.AVG: all-reduce with SUM, then divide by the group's size."
+        return ("if this backend refuses ReduceOp.AVG (older gloo builds do), all-reduce with SUM, "
+                "then divide by the group's size.")
     return ""
 
 
