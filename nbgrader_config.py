@@ -36,7 +36,7 @@ c.CourseDirectory.release_directory = "labs"
 # Seconds one cell may run during autograde before nbgrader interrupts it.
 # nbgrader's default (30 s) is too short: a cold 4-rank launch alone costs
 # about 10 s on a 2-core machine, and a test cell may launch 2-3 times.
-# It must also stay ABOVE parlab's own launch timeout (parlab.launcher.
+# It must also stay ABOVE parlab's own launch timeout (parlab.launch.
 # DEFAULT_TIMEOUT = 120 s): then a deadlocked student cell ends as a clean
 # parlab.LaunchTimeout, with every rank's stack and all processes ended,
 # instead of nbgrader interrupting the kernel while ranks are still running.

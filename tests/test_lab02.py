@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from parlab.data import get_batch
 from parlab.grading import harness, lab02, lab02_graders
 from parlab.models import lm_loss
-from parlab.runtime import device
+from parlab.launch import device
 from wrong_answers import lab02 as wrong
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(600)]

@@ -23,14 +23,12 @@ def test_names_work_in_a_fresh_interpreter():
         from parlab.launch.job import Job               # from a submodule
         from parlab import launch                       # the callable package
         import parlab
-        from parlab.errors import LaunchError, WorkerError
-        from parlab.runtime import device
-        from parlab.launcher import launch as old_launch
+        from parlab.launch import LaunchError, WorkerError, device
         import test_launch_api as t
         assert parlab.launch is launch and callable(launch) and report.explain and Job
         assert launch(t.rank_and_world, nproc=2) == [(0, 2), (1, 2)]
         assert parlab.launch.launch(t.rank_and_world, nproc=2) == [(0, 2), (1, 2)]
-        assert old_launch is parlab.launch.launch and str(device()) == "cpu"
+        assert parlab.WorkerError is WorkerError and str(device()) == "cpu"
         print("fresh ok")
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200,

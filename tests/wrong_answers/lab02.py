@@ -408,7 +408,7 @@ def ddp_hand_rolled(model):
 
 
 def _on_device(batch):
-    from parlab.runtime import device
+    from parlab.launch import device
 
     return tuple(t.to(device()) for t in batch)
 

@@ -127,7 +127,7 @@ def _all_right(right: bool) -> bool:
     import torch
     import torch.distributed as dist
 
-    from ..runtime import device
+    from ..launch.runtime import device
 
     if not dist.is_initialized():
         return right

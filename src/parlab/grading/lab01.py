@@ -84,7 +84,7 @@ def _run(fn, case: Case, i: int, spy) -> dict:
     """Call the answer on this rank's input; return its result and whether it is right."""
     import torch.distributed as dist
 
-    from ..runtime import device
+    from ..launch.runtime import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     x = make_input(case, rank, salt=i).to(device())

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from ..data import get_batch, microbatches, shard_batch
 from ..models import build, lm_loss
-from ..runtime import device
+from ..launch.runtime import device
 from . import lab02_rules as rules
 from .harness import Exercise, Rule, checker
 from .lab02_graders import DATA_SEED, INIT_SEED, flat, grade_broadcast, grade_shard, grade_trained, params

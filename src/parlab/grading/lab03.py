@@ -90,7 +90,7 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
     """f or g on this rank's x with an upstream gradient per rank; the grader sums the group."""
     import torch.distributed as dist
 
-    from ..runtime import device
+    from ..launch.runtime import device
 
     rank = dist.get_rank()
     group = _group(case)
@@ -107,7 +107,7 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
 def _run_layer(cls, case: Case, i: int, spy) -> dict:
     import torch.distributed as dist
 
-    from ..runtime import device
+    from ..launch.runtime import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     full = reference_module(case).to(device())

@@ -24,7 +24,7 @@ import torch
 from ..data import get_batch, microbatches
 from ..models import tiny_gpt
 from ..parallel.pp_stages import gpt_stage, held_activations
-from ..runtime import device
+from ..launch.runtime import device
 from . import lab04_graders as graders
 from . import lab04_rules as rules
 from .harness import Exercise, Rule, checker

@@ -32,7 +32,7 @@ from torch import nn
 
 from .. import check
 from ..cost import zero_comm_elems, zero_memory_per_gpu
-from ..runtime import device
+from ..launch.runtime import device
 from . import lab05_fsdp as fsdp
 from . import lab05_rules as rules
 from .harness import Exercise, Graded, Rule, checker

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .. import check
-from ..runtime import device
+from ..launch.runtime import device
 from .harness import Graded
 
 DATA_SEED = 23

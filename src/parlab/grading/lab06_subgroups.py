@@ -117,7 +117,7 @@ def _input(case: AxisCase, rank: int) -> torch.Tensor:
 def _run_axis(fn, case: AxisCase, i, spy):
     import torch.distributed as dist
 
-    from ..runtime import device
+    from ..launch.runtime import device
 
     t = _input(case, dist.get_rank()).to(device())
     with watching(spy):

@@ -83,7 +83,7 @@ def _run(fn, case: SyncCase, i, spy) -> dict:
 
     from ..data import get_batch
     from ..models import lm_loss
-    from ..runtime import device
+    from ..launch.runtime import device
 
     rank = dist.get_rank()
     d, t = divmod(rank, case.tp)
