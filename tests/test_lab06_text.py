@@ -39,7 +39,7 @@ def _printed_and_prose():
         for cell in cells[start:]:
             src = _source(cell)
             if cell["cell_type"] == "markdown":
-                if prose is not None and src.startswith(("Each difference", "Both published")):
+                if src.startswith(("Each difference", "Both published")):
                     prose.append(src)
                 continue
             if "parlab.launch" in src or "lab06.check" in src or "calculator" in src:

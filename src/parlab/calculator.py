@@ -28,7 +28,7 @@ import html
 from dataclasses import replace
 
 from . import planner
-from .planner import Cluster, ModelSpec, Plan, Workload
+from .planner import Plan, Workload
 
 __all__ = ["calculator", "report", "Calculator"]
 

