@@ -139,7 +139,7 @@ def test_gantt_accepts_objects_and_colours_by_kind(tmp_path):
     assert ax.get_xlim()[1] == pytest.approx(20.0)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["forward", "backward", "all_reduce", "idle"]
-    fwd = [b for b in ax.patches if b.get_facecolor()[:3] == matplotlib.colors.to_rgb(viz._SPAN_COLORS["forward"])]
+    fwd = [b for b in ax.patches if b.get_facecolor()[:3] == matplotlib.colors.to_rgb(viz.timeline._SPAN_COLORS["forward"])]
     assert len(fwd) == 3
     assert "all_reduce\n4 MB" in texts_of(fig)
     assert layout_problems(fig) == []
@@ -148,7 +148,7 @@ def test_gantt_accepts_objects_and_colours_by_kind(tmp_path):
 
 
 def test_gantt_categories():
-    cat = viz._category
+    cat = viz.timeline._category
     assert [cat("F3"), cat("fwd[mb=1]"), cat("B0"), cat("bwd"), cat("W2")] == \
         ["forward", "forward", "backward", "backward", "weight_grad"]
     assert cat("all_reduce bucket 2") == "all_reduce" and cat("allgather") == "all_gather"
@@ -259,7 +259,7 @@ def test_mesh_picture_groups():
 
 
 def _node_lines(fig):
-    return [ln for ln in fig.axes[0].get_lines() if ln.get_color() == viz._NODE_EDGE]
+    return [ln for ln in fig.axes[0].get_lines() if ln.get_color() == viz.mesh._NODE_EDGE]
 
 
 def test_mesh_picture_node_boundaries():

@@ -2,8 +2,7 @@
 
 (One module, over 450 lines: the plan's fields, its memory, its step time, its feasibility
 rules and the search are one model whose parts read each other's terms; the cluster presets
-and the lecture's scenarios at the end are data.  Splitting them is left to issue 20's
-restructuring, with check.py and viz.py.)
+and the lecture's scenarios at the end are data.)
 
 A *plan* places a model on a cluster: data-parallel ``dp``, context-parallel
 ``cp``, tensor ``tp`` and pipeline ``pp`` degrees (dp·cp·tp·pp = GPUs), a ZeRO

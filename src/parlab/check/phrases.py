@@ -1,0 +1,69 @@
+"""Small phrases the comparison messages share: which rank, which ranks, which names,
+runs of indices, numbers and dtypes, and shape hints.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _who(rank: int | None) -> str:
+    return "" if rank is None else f"rank {rank}: "
+
+
+def ranks_phrase(ranks: Sequence[int]) -> str:
+    """[1] -> 'rank 1', [1, 3] -> 'ranks 1 and 3', [1, 2, 3] -> 'ranks 1, 2 and 3'."""
+    r = [str(x) for x in ranks]
+    if len(r) == 1:
+        return f"rank {r[0]}"
+    return f"ranks {', '.join(r[:-1])} and {r[-1]}"
+
+
+def _names_phrase(names: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _runs(flat: Sequence[int], limit: int = 6) -> str:
+    """Compress sorted indices into ranges: [5, 6, 7, 12] -> '5..7, 12'."""
+    runs: list[list[int]] = []
+    for i in flat:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in runs[:limit])
+    return text + (f", ... ({len(runs)} ranges in all)" if len(runs) > limit else "")
+
+
+def _num(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "integer"
+
+
+def _shape_hint(got: torch.Size, exp: torch.Size) -> str:
+    """Guess what went wrong when the shapes differ."""
+    if len(got) == len(exp):
+        diff = [d for d in range(len(exp)) if got[d] != exp[d]]
+        if len(diff) == 1:
+            d = diff[0]
+            if got[d] and exp[d] % got[d] == 0:
+                return (f": dim {d} is 1/{exp[d] // got[d]} of the reference; did you "
+                        "return only your shard (all-gather it first)?")
+            if exp[d] and got[d] % exp[d] == 0:
+                return (f": dim {d} is {got[d] // exp[d]}x the reference; did you "
+                        "concatenate full tensors instead of shards?")
+        if sorted(got) == sorted(exp):
+            return ": same sizes in a different order; a missing transpose or permute?"
+    if got.numel() == exp.numel():
+        return ": same number of elements; a missing reshape or view?"
+    return ""
