@@ -16,7 +16,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from parlab.data import get_batch
-from parlab.grading import harness, lab02, lab02_graders
+from parlab.grading import harness, lab02
+from parlab.grading.lab02 import graders as lab02_graders
 from parlab.models import lm_loss
 from parlab.launch import device
 from wrong_answers import lab02 as wrong

@@ -4,7 +4,8 @@ this process (no ranks), visible and hidden cases in two grade_batch calls."""
 import pytest
 
 from grading_reports import short_keys
-from parlab.grading import harness, lab06_planner
+from parlab.grading import harness
+from parlab.grading.lab06 import planner as lab06_planner
 from wrong_answers import lab06_planner as answers
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]  # grading every fixture under the profiler hook

@@ -1,4 +1,4 @@
-"""Checks that the labs' autograded test cells call, one module per lab.
+"""Checks that the labs' autograded test cells call, one package per lab.
 
 A lab's test cell looks like this::
 
@@ -19,7 +19,13 @@ compares a returned number with the expected one and, when the answer
 matches a known wrong answer (bits instead of bytes, GB instead of bytes, a
 forgotten factor), says which mistake it was.  It is re-exported here.
 ``harness`` declares exercises and grades them; ``spy`` records how an
-answer did its work.
+answer did its work; ``sandbox`` and ``shared_launches`` run the answers
+(autograding, one launch per world size shared across a notebook's answers).
+
+Each lab's checks live together in ``labNN/``: ``__init__`` declares the
+exercises and the ``check_*`` functions the notebook calls, and the lab's
+other modules (``cases``, ``graders``, ``rules``, ...) hold its cases and
+references, the comparisons, and the rules judged on the spy's records.
 """
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ..parallel.mesh import Mesh
-from .harness import Exercise, Graded
+from ...parallel.mesh import Mesh
+from ..harness import Exercise, Graded
 
 AXES = ("pp", "dp", "tp")
 _LETTER = {"pp": "p", "dp": "d", "tp": "t"}

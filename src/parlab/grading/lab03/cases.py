@@ -6,7 +6,7 @@ and LayerNorm weights, from ``parlab.parallel.tp_reference``), and
 ``reference(case)`` runs it on one process: output, input gradient,
 parameters and their gradients.  ``SPLIT`` says along which dimension each
 parameter is sharded (None: whole on every rank).  Used by ``lab03`` (the
-ranks) and ``lab03_rules`` (the grader).
+ranks) and ``rules`` (the grader).
 """
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def reference_module(case: Case) -> nn.Module:
 
 
 def _reference_module(case: Case) -> nn.Module:
-    from ..models.gpt import Block, GPTConfig
-    from ..parallel.tp_reference import randomize_, reference_linear
+    from ...models.gpt import Block, GPTConfig
+    from ...parallel.tp_reference import randomize_, reference_linear
 
     h = case.shape[-1]
     if case.kind == "column":

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import check
-from ..launch.runtime import device
-from .harness import Graded
+from ... import check
+from ...launch.runtime import device
+from ..harness import Graded
 
 DATA_SEED = 23
 
@@ -46,7 +46,7 @@ class GPTCase:
                 f"{self.rows} sequences per rank, world_size {n}")
 
     def build(self) -> nn.Module:
-        from ..models import tiny_gpt
+        from ...models import tiny_gpt
 
         return tiny_gpt(seed=self.seed, **self.cfg)
 

@@ -19,10 +19,10 @@ a trainable parameter that the forward pass never uses.
 
 This module holds the case tables, the on-rank runners and the exercise
 declarations.  Each ``Rule`` below is a sentence of the notebook, verbatim,
-under the exercise's "Rules (checked)", judged by ``lab02_rules`` on the
+under the exercise's "Rules (checked)", judged by ``rules`` on the
 spy's records (dist calls, backward passes, DDP constructions, and the
 events the runners note: ``sync`` calls, forward passes, optimizer steps);
-``lab02_graders`` compares the values and writes the hints.
+``graders`` compares the values and writes the hints.
 """
 from __future__ import annotations
 
@@ -32,13 +32,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..data import get_batch, microbatches, shard_batch
-from ..models import build, lm_loss
-from ..launch.runtime import device
-from . import lab02_rules as rules
-from .harness import Exercise, Rule, checker
-from .lab02_graders import DATA_SEED, INIT_SEED, flat, grade_broadcast, grade_shard, grade_trained, params
-from .lab02_rules import SPARE, bucket_plan
+from ...data import get_batch, microbatches, shard_batch
+from ...models import build, lm_loss
+from ...launch.runtime import device
+from . import rules
+from ..harness import Exercise, Rule, checker
+from .graders import DATA_SEED, INIT_SEED, flat, grade_broadcast, grade_shard, grade_trained, params
+from .rules import SPARE, bucket_plan
 
 __all__ = ["check_broadcast_parameters", "check_my_batch", "check_allreduce_gradients",
            "check_accumulate", "check_bucketed", "check_ddp", "check_train_hf",

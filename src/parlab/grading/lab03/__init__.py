@@ -21,18 +21,18 @@ the dimension each one is split on) match.  The rules each exercise states
 ``ValueError`` when the split is uneven) are judged on the spy's records.
 
 This module holds the test sets, what runs on the ranks and the exercise
-declarations; ``lab03_cases`` the cases and the reference, ``lab03_rules``
+declarations; ``cases`` the cases and the reference, ``rules``
 the graders, hints and rules.
 """
 from __future__ import annotations
 
 import torch
 
-from .. import check
-from .harness import Exercise, Rule, checker
-from .lab03_cases import Case, _dy_seed, _INPUT_SPLIT, _layer_input, _mine, _output_split, _split_map, \
+from ... import check
+from ..harness import Exercise, Rule, checker
+from .cases import Case, _dy_seed, _INPUT_SPLIT, _layer_input, _mine, _output_split, _split_map, \
     _tensor, _upstream, reference, reference_module
-from .lab03_rules import (SHARDS_SAYS, _column_comm, _fg_rule, _grade_bytes, _grade_fg, _grade_layer,
+from .rules import (SHARDS_SAYS, _column_comm, _fg_rule, _grade_bytes, _grade_fg, _grade_layer,
                           _grade_with_uneven, _one_each, _shape_error, _shards_only, _sp_comm, _sp_counts,
                           _uneven_raises, _uneven_says)
 
@@ -90,7 +90,7 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
     """f or g on this rank's x with an upstream gradient per rank; the grader sums the group."""
     import torch.distributed as dist
 
-    from ..launch.runtime import device
+    from ...launch.runtime import device
 
     rank = dist.get_rank()
     group = _group(case)
@@ -107,7 +107,7 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
 def _run_layer(cls, case: Case, i: int, spy) -> dict:
     import torch.distributed as dist
 
-    from ..launch.runtime import device
+    from ...launch.runtime import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     full = reference_module(case).to(device())
@@ -161,7 +161,7 @@ _BYTES_HIDDEN = ((1, ((2, 2048, 8192, 4, 2), (5, 11, 13, 3, 4), (1, 1, 1, 1, 2))
 
 
 def _run_bytes(fn, case, i, spy):
-    from .numbers import plain_number
+    from ..numbers import plain_number
 
     b, s, h, t, k = case
     with spy.watch():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .spy import COLLECTIVES, used
+from ..spy import COLLECTIVES, used
 
 
 def steps_of(record: dict) -> list[dict]:

@@ -18,19 +18,21 @@ import random
 
 import torch
 
-from .. import check, cost
-from ..models import lm_loss
-from ..parallel.pp_schedule import ideal_schedule
-from ..parallel.pp_stages import gpt_stage
-from .harness import Graded
-from .numbers import number_message, plain_number, shown
+from ... import check, cost
+from ...models import lm_loss
+from ...parallel.pp_schedule import ideal_schedule
+from ...parallel.pp_stages import gpt_stage
+from ..harness import Graded
+from ..numbers import number_message, plain_number, shown
+
+# The seeds of every lab 04 case: the model's initial weights and the batches.
+INIT_SEED, DATA_SEED = 5, 11
 
 
 # ---------------------------------------------------------------- schedules
 @functools.lru_cache(maxsize=64)
 def _reference(case):
-    from ..reference import reference_steps
-    from .lab04 import DATA_SEED
+    from ...reference import reference_steps
 
     return reference_steps(case.build, steps=case.steps, batch_size=case.batch, lr=case.lr,
                            seed=DATA_SEED, seq_len=case.seq, grad_accum=case.m)
@@ -168,7 +170,7 @@ BUBBLE_HIDDEN = ((1, (_spans(4, 8, "interleaved", v=2), _spans(3, 5, "gpipe", co
 
 
 def _as_spans(case) -> list:
-    from ..trace import Span
+    from ...trace import Span
 
     return [Span(d["name"], d["rank"], d["start"], d["end"]) for d in map(dict, case)]
 
@@ -183,7 +185,7 @@ def run_bubble(fn, case, i, spy):
 
 def _alternatives(spans) -> list[tuple[float, str]]:
     """(value, mistake) for the usual wrong ways to measure the bubble."""
-    from .. import trace
+    from ... import trace
 
     busy = ("forward", "backward")
     ranks = sorted({s.rank for s in spans})
@@ -221,7 +223,7 @@ def _union(spans) -> list[float]:
 
 
 def grade_bubble(g: Graded) -> str | None:
-    from .. import trace
+    from ... import trace
 
     for i, case in enumerate(g.cases[:len(g.results[0])]):
         spans = _as_spans(case)

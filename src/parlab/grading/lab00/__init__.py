@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import partial
 
-from .. import cost
-from . import harness
-from .harness import Exercise, Rule
-from .numbers import distinct, number_message, plain_number, shown
+from ... import cost
+from .. import harness
+from ..harness import Exercise, Rule
+from ..numbers import distinct, number_message, plain_number, shown
 
 __all__ = ["check_hello", "check_weight_bytes", "check_training_state_bytes",
            "check_gpus_to_hold_state", "check_days_to_train", "EXERCISES", "expected_hello"]

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import check
-from ..cost import algbw as _ref_algbw
-from ..cost import busbw as _ref_busbw
-from . import assert_number
-from .harness import Exercise, Graded, Rule, checker
-from .spy import COLLECTIVES, used
+from ... import check
+from ...cost import algbw as _ref_algbw
+from ...cost import busbw as _ref_busbw
+from .. import assert_number
+from ..harness import Exercise, Graded, Rule, checker
+from ..spy import COLLECTIVES, used
 
 __all__ = ["check_allreduce_from_rs_ag", "check_ring_allreduce", "check_tree_broadcast",
            "check_bandwidths", "make_input", "Case", "EXERCISES"]
@@ -84,7 +84,7 @@ def _run(fn, case: Case, i: int, spy) -> dict:
     """Call the answer on this rank's input; return its result and whether it is right."""
     import torch.distributed as dist
 
-    from ..launch.runtime import device
+    from ...launch.runtime import device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     x = make_input(case, rank, salt=i).to(device())

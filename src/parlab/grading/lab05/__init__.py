@@ -13,12 +13,12 @@ each forward pass with a single-process run on the whole batch (SGD with
 momentum, and AdamW).  The parameters are read in forward pre-hooks that the
 grader registers after the student's, so under ZeRO-3 they are read right
 after the student's all-gather.  What each rank holds is measured there and
-after each step, in storage bytes (``lab05_rules``): a ZeRO-3 that never
+after each step, in storage bytes (``rules``): a ZeRO-3 that never
 frees a gathered layer gives the right numbers and still fails.
 For ZeRO-1/2 the last case freezes two parameters (``requires_grad=False``):
 only the trainable ones are sharded, and the frozen ones must stay bit-identical,
 as with a single-process AdamW, which skips a parameter whose ``.grad`` is None.
-Exercise 6 (``lab05_fsdp``) applies FSDP2's ``fully_shard`` to parlab's GPT
+Exercise 6 (``fsdp``) applies FSDP2's ``fully_shard`` to parlab's GPT
 and compares the full gradients with DDP's.
 References: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 Training Trillion Parameter Models" (SC20), §5 and §7.
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import check
-from ..cost import zero_comm_elems, zero_memory_per_gpu
-from ..launch.runtime import device
-from . import lab05_fsdp as fsdp
-from . import lab05_rules as rules
-from .harness import Exercise, Graded, Rule, checker
-from .numbers import assert_number, plain_number
+from ... import check
+from ...cost import zero_comm_elems, zero_memory_per_gpu
+from ...launch.runtime import device
+from . import fsdp
+from . import rules
+from ..harness import Exercise, Graded, Rule, checker
+from ..numbers import assert_number, plain_number
 
 __all__ = ["check_memory", "check_comm", "check_zero1", "check_zero2", "check_zero3",
            "check_fsdp2", "Case", "EXERCISES"]

@@ -10,8 +10,8 @@ Rank r runs stage r of an untied parlab GPT cut into world_size stages
 (``parlab.parallel.pp_stages.gpt_stage``).  The schedule exercises train a
 few SGD steps; after every step each stage's gradients and parameters, and
 the last stage's loss, are compared with a single-process run on the whole
-batch (``lab04_graders``).  The schedule itself is judged on the spy's
-records (``lab04_rules``): which messages each stage sent, and when each
+batch (``graders``).  The schedule itself is judged on the spy's
+records (``rules``): which messages each stage sent, and when each
 forward ran relative to the backward passes, so that an "1F1B" that runs
 every forward first loses its points even though its numbers are right.
 """
@@ -21,18 +21,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data import get_batch, microbatches
-from ..models import tiny_gpt
-from ..parallel.pp_stages import gpt_stage, held_activations
-from ..launch.runtime import device
-from . import lab04_graders as graders
-from . import lab04_rules as rules
-from .harness import Exercise, Rule, checker
+from ...data import get_batch, microbatches
+from ...models import tiny_gpt
+from ...parallel.pp_stages import gpt_stage, held_activations
+from ...launch.runtime import device
+from . import graders
+from . import rules
+from ..harness import Exercise, Rule, checker
+from .graders import DATA_SEED, INIT_SEED
 
 __all__ = ["check_pipeline_forward_backward", "check_gpipe", "check_1f1b", "check_bubble",
            "check_prediction", "Case", "EXERCISES"]
 
-INIT_SEED, DATA_SEED = 5, 11
 TIMEOUT = 120.0
 
 

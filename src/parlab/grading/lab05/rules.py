@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ..trace import _storage_bytes
+from ...trace import _storage_bytes
 
 
 # ---------------------------------------------------------------- measuring (on the ranks)

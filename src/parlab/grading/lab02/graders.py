@@ -14,10 +14,10 @@ import functools
 import torch
 import torch.nn as nn
 
-from .. import check
-from ..data import get_batch, shard_batch
-from .harness import Graded
-from .lab02_rules import SPARE, case_buckets, never_waited, per_step, plural
+from ... import check
+from ...data import get_batch, shard_batch
+from ..harness import Graded
+from .rules import SPARE, case_buckets, never_waited, per_step, plural
 
 #: Where ranks must start DIFFERENT (so only a broadcast makes them agree),
 #: rank r builds its model from seed INIT_SEED + r and the reference is rank
@@ -39,7 +39,7 @@ def flat(tensors) -> torch.Tensor:
 @functools.lru_cache(maxsize=64)
 def reference(case, seed: int):
     """The single-process run a case is compared with (cached: many answers share it)."""
-    from ..reference import reference_steps
+    from ...reference import reference_steps
 
     return reference_steps(lambda: case.build(seed), steps=case.steps, batch_size=case.batch,
                            lr=case.lr, seed=DATA_SEED, seq_len=case.seq)

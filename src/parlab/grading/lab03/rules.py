@@ -1,7 +1,7 @@
 """Lab 03's graders, hints and rules: plain functions of what the ranks returned.
 
 Graders compare every rank's output, input gradient, parameter shards and
-gradients with the single-process reference (``lab03_cases``) through
+gradients with the single-process reference (``cases``) through
 ``parlab.check``, and name the likely mistake (f and g swapped, a missing
 all-reduce, the wrong split dimension, a bias added on every rank, heads not
 reshaped, attention without the other positions).  Rules read the spy's
@@ -14,11 +14,11 @@ import math
 
 import torch
 
-from .. import check
-from ..cost import comm_bytes, tp_comm_elems_per_layer
-from . import assert_number
-from .harness import Graded
-from .lab03_cases import (GATHERS, SCATTERS, Case, _dy_seed, _INPUT_SPLIT, _output_split, _split_map,
+from ... import check
+from ...cost import comm_bytes, tp_comm_elems_per_layer
+from .. import assert_number
+from ..harness import Graded
+from .cases import (GATHERS, SCATTERS, Case, _dy_seed, _INPUT_SPLIT, _output_split, _split_map,
                           _tensor, reference, reference_module)
 
 

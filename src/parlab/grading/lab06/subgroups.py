@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..parallel.mesh import Mesh
-from .harness import Exercise, Graded, Rule
+from ...parallel.mesh import Mesh
+from ..harness import Exercise, Graded, Rule
 
 #: Collectives whose group the notes record.
 NOTED = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -117,7 +117,7 @@ def _input(case: AxisCase, rank: int) -> torch.Tensor:
 def _run_axis(fn, case: AxisCase, i, spy):
     import torch.distributed as dist
 
-    from ..launch.runtime import device
+    from ...launch.runtime import device
 
     t = _input(case, dist.get_rank()).to(device())
     with watching(spy):

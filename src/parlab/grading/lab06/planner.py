@@ -20,10 +20,10 @@ import sys
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from .. import cost, planner
-from ..planner import Cluster, ModelSpec, Plan, Workload
-from .harness import Exercise, Graded, Rule, checker
-from .numbers import number_message, plain_number
+from ... import cost, planner
+from ...planner import Cluster, ModelSpec, Plan, Workload
+from ..harness import Exercise, Graded, Rule, checker
+from ..numbers import number_message, plain_number
 
 __all__ = ["check_memory_per_gpu", "check_choose", "MEMORY", "CHOOSE", "SCENARIOS", "HIDDEN"]
 

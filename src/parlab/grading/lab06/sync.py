@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import check
-from .harness import Exercise, Graded, Rule
-from .lab06_subgroups import notes, watching
+from ... import check
+from ..harness import Exercise, Graded, Rule
+from .subgroups import notes, watching
 
 CFG = dict(n_layer=1, d_model=16, n_head=2, seq_len=8)
 LR = 0.1
@@ -45,7 +45,7 @@ class SyncCase:
 
 
 def _model(t: int):
-    from ..models import tiny_gpt
+    from ...models import tiny_gpt
 
     return tiny_gpt(seed=t, **CFG)
 
@@ -57,7 +57,7 @@ def _flat(params) -> torch.Tensor:
 @functools.lru_cache(maxsize=32)
 def reference(t: int, case: SyncCase) -> tuple[torch.Tensor, ...]:
     """Flat parameters of model t before and after each step of one process on the whole batch."""
-    from ..reference import reference_steps
+    from ...reference import reference_steps
 
     ref = reference_steps(lambda: _model(t), steps=case.steps, batch_size=case.rows * case.dp,
                           seq_len=CFG["seq_len"], seed=SEED, lr=LR)
@@ -67,8 +67,8 @@ def reference(t: int, case: SyncCase) -> tuple[torch.Tensor, ...]:
 @functools.lru_cache(maxsize=64)
 def _first_grad(t: int, d: int, case: SyncCase) -> torch.Tensor:
     """The flat gradient of model t on replica d's rows of the first batch, in one process."""
-    from ..data import get_batch
-    from ..models import lm_loss
+    from ...data import get_batch
+    from ...models import lm_loss
 
     model = _model(t)
     x, y = get_batch(0, case.rows * case.dp, CFG["seq_len"], SEED)
@@ -81,9 +81,9 @@ def _first_grad(t: int, d: int, case: SyncCase) -> torch.Tensor:
 def _run(fn, case: SyncCase, i, spy) -> dict:
     import torch.distributed as dist
 
-    from ..data import get_batch
-    from ..models import lm_loss
-    from ..launch.runtime import device
+    from ...data import get_batch
+    from ...models import lm_loss
+    from ...launch.runtime import device
 
     rank = dist.get_rank()
     d, t = divmod(rank, case.tp)

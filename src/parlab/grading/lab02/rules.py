@@ -13,7 +13,7 @@ import functools
 
 import torch.nn as nn
 
-from .. import check
+from ... import check
 
 #: The trainable parameter that ``Case(unused=True)`` adds and forward never uses.
 SPARE = "spare"

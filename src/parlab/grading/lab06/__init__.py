@@ -10,20 +10,20 @@
     lab06.check_choose(choose)                 # Exercise 5: the planner
 
 The coordinate exercises are pure functions, graded without a launch, on
-many mesh shapes (``lab06_coords``).  The all-reduces run on 4 ranks (2 × 2,
+many mesh shapes (``coords``).  The all-reduces run on 4 ranks (2 × 2,
 4 × 1, 1 × 4) and, hidden (not the DeviceMesh one), on 2 (2 × 1, 1 × 2); a spy notes which
 groups were created and which group each collective used
-(``lab06_subgroups``).  ``sync_dp_grads`` trains parlab's GPT on such meshes
-against one process (``lab06_sync``).  The strategy planner of the lab's
-later sections is graded by ``lab06_planner``.
+(``subgroups``).  ``sync_dp_grads`` trains parlab's GPT on such meshes
+against one process (``sync``).  The strategy planner of the lab's
+later sections is graded by ``planner``.
 """
 from __future__ import annotations
 
-from .harness import checker
-from .lab06_coords import COORDS, GROUPS, RANK_OF
-from .lab06_planner import CHOOSE, MEMORY, check_choose, check_memory_per_gpu
-from .lab06_subgroups import AXIS, MESH
-from .lab06_sync import SYNC
+from ..harness import checker
+from .coords import COORDS, GROUPS, RANK_OF
+from .planner import CHOOSE, MEMORY, check_choose, check_memory_per_gpu
+from .subgroups import AXIS, MESH
+from .sync import SYNC
 
 __all__ = ["check_coords", "check_rank_of", "check_groups", "check_axis_all_reduce",
            "check_mesh_all_reduce", "check_sync_dp_grads", "check_memory_per_gpu", "check_choose",
