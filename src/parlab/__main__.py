@@ -1,5 +1,9 @@
-"""Command line: ``parlab doctor`` (or ``python -m parlab doctor``)."""
+"""Command line: ``parlab doctor`` and ``parlab grade LAB`` (or ``python -m parlab ...``)."""
 import sys
+
+USAGE = """usage: parlab doctor                     check torch, backends, GPUs and a 2-rank all-reduce
+       parlab grade LAB [--workers N] [--resume] [--force]
+                                         autograde every submission of LAB in parallel (run in the course root)"""
 
 
 def main(argv=None) -> int:
@@ -8,7 +12,11 @@ def main(argv=None) -> int:
         from .doctor import main as doctor
 
         return doctor()
-    print("usage: parlab doctor    check torch, backends, GPUs and a 2-rank all-reduce", file=sys.stderr)
+    if argv[:1] == ["grade"]:
+        from .grading.classgrade.run import main as grade
+
+        return grade(argv[1:])
+    print(USAGE, file=sys.stderr)
     return 2
 
 

@@ -41,7 +41,8 @@ def _bare(exc: BaseException) -> BaseException:
 
 
 def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, env=None,
-           debug=None, seed=0, plain_results=False) -> list:
+           debug=None, seed=0, plain_results=False, nnodes=None, scheduler=None, gpus=None,
+           partition=None, account=None, time_limit=None) -> list:
     """Run ``fn(*args, **kwargs)`` on ``nproc`` ranks and return their results in rank order.
 
     Inside each rank the process group is initialised, ``parlab.device()`` is
@@ -63,6 +64,16 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
             ``torch.Tensor``, numbers, str, bytes, None, and lists, tuples and
             dicts of them); it comes back through ``torch.load(weights_only=True)``
             so that loading a result never runs code in the caller.
+        nnodes: nodes to spread the ranks over (``nproc`` in all, the same
+            number on each), one torchrun agent per node meeting at a c10d
+            rendezvous; locally the nodes are agents on this machine.
+        scheduler: "local" (default) or "slurm" (default ``PARLAB_SCHEDULER``):
+            wait in a Slurm queue for ``gpus`` and run there (``slurm.py``).
+        gpus: GPUs to ask Slurm for, in all (default ``nproc`` defaults to it).
+        partition, account: Slurm's (default ``PARLAB_SLURM_PARTITION``,
+            ``PARLAB_SLURM_ACCOUNT``, else the default partition).
+        time_limit: minutes Slurm lets the job run (default: the partition's);
+            ``timeout`` counts from the moment the job starts, not while it waits.
     """
     __tracebackhide__ = True  # IPython hides launcher frames
     from .job import Job
@@ -70,17 +81,26 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
 
     task = check_call(fn, args, kwargs)
     try:
-        return Job(task, nproc, backend, timeout, env, debug, seed, plain_results).run()
+        return Job(task, nproc, backend, timeout, env, debug, seed, plain_results,
+                   **_where(nnodes, scheduler, gpus, partition, account, time_limit)).run()
     except (LaunchError, KeyboardInterrupt) as exc:
         raise _bare(exc) from None
 
 
+def _where(nnodes, scheduler, gpus, partition, account, time_limit) -> dict:
+    return {"nnodes": nnodes, "scheduler": scheduler, "gpus": gpus, "partition": partition,
+            "account": account, "time_limit": time_limit}
+
+
 def run_script(path, nproc=None, args=(), *, backend=None, timeout=None, env=None, debug=None,
-               seed=0) -> list:
+               seed=0, nnodes=None, scheduler=None, gpus=None, partition=None, account=None,
+               time_limit=None) -> list:
     """Run a Python file on ``nproc`` ranks as ``__main__``, like ``torchrun path *args``.
 
     The process group is already up when the script starts; a script that
     calls ``init_process_group`` itself keeps working.  Returns one None per rank.
+    ``nnodes``, ``scheduler``, ``gpus``, ``partition``, ``account`` and
+    ``time_limit`` are as for :func:`launch`.
     """
     __tracebackhide__ = True  # IPython hides launcher frames
     from .job import Job
@@ -91,19 +111,21 @@ def run_script(path, nproc=None, args=(), *, backend=None, timeout=None, env=Non
         raise FileNotFoundError(f"run_script: no such file {path!r}")
     try:
         return Job(ScriptTask(path, [str(a) for a in args]), nproc, backend, timeout, env, debug,
-                   seed).run()
+                   seed, **_where(nnodes, scheduler, gpus, partition, account, time_limit)).run()
     except (LaunchError, KeyboardInterrupt) as exc:
         raise _bare(exc) from None
 
 
 def run_cell(source, names, *, nproc=None, backend=None, timeout=None, env=None, debug=None,
-             seed=0, filename="<torchrun cell>", label=None) -> list:
+             seed=0, filename="<torchrun cell>", label=None, nnodes=None, scheduler=None, gpus=None,
+             partition=None, account=None, time_limit=None) -> list:
     """Run a cell's source on every rank (the engine behind ``%%torchrun``)."""
     __tracebackhide__ = True  # IPython hides launcher frames
     from .job import Job
     from .tasks import CellTask
 
-    job = Job(CellTask(source, filename, names), nproc, backend, timeout, env, debug, seed)
+    job = Job(CellTask(source, filename, names), nproc, backend, timeout, env, debug, seed,
+              **_where(nnodes, scheduler, gpus, partition, account, time_limit))
     job.sources[filename] = source
     if label:
         job.labels[filename] = label

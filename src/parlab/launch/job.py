@@ -1,7 +1,8 @@
 """One launch's processes, from start to clean-up.
 
 ``Job.run()`` starts torchrun (``python -m parlab.launch.agent``) in a new
-session, watches the job folder on the kernel's main thread (output,
+session (one agent per node for ``nnodes > 1``; inside ``srun`` under a
+tether for a Slurm launch, see ``slurm.py``), watches the job folder on the kernel's main thread (output,
 results, errors, deaths, the deadline), collects the facts when something
 ends the launch and hands them to ``report.explain``.  However the launch
 ends, every process it started is ended by pid and its folder removed.
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 
-from . import options, procs
+from . import nodes, options, procs, slurm
 from .errors import LaunchError, WorkerError
 from .failures import transient_reason
 from .jobdir import JOB_ENV, JobDir, private_jobs_root, sweep_stale_jobs
@@ -36,8 +37,25 @@ class _Transient(Exception):
 
 
 class Job:
-    def __init__(self, task, nproc, backend, timeout, env, debug, seed, plain_results=False):
-        self.nproc, self.backend = options.choose_backend(nproc, backend)
+    def __init__(self, task, nproc, backend, timeout, env, debug, seed, plain_results=False, *,
+                 scheduler=None, gpus=None, nnodes=None, partition=None, account=None, time_limit=None):
+        self.scheduler = slurm.choose_scheduler(scheduler)
+        self.request = None
+        if self.scheduler == "slurm":
+            self.backend = options.check_backend_name(backend)
+            self.nproc, self.request = slurm.check_request(nproc, gpus, nnodes, partition, account,
+                                                           time_limit)
+            self.nnodes = self.request.nnodes
+        else:
+            given = [k for k, v in (("gpus", gpus), ("partition", partition), ("account", account),
+                                    ("time_limit", time_limit)) if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} ask(s) Slurm for resources: pass scheduler='slurm' "
+                                 "(or set PARLAB_SCHEDULER=slurm) too")
+            self.nnodes = slurm.check_nnodes(nnodes)
+            self.nproc, self.backend = options.choose_backend(nproc, backend)
+            if self.nproc % self.nnodes:
+                raise ValueError(f"nproc={self.nproc} must split evenly over nnodes={self.nnodes}")
         self.timeout = options.check_timeout(timeout)
         self.extra_env = options.check_env(env)
         self.debug = options.check_debug(debug)
@@ -90,16 +108,56 @@ class Job:
         self.job = JobDir.create(private_jobs_root(), self.task_bytes, spec)
         self.tails = [(r, s, FileTail(self.job.file(s, r))) for r in range(self.nproc) for s in ("out", "err")]
         self.sink = make_sink(self.nproc)
-        cmd = [sys.executable, "-m", "parlab.launch.agent", "--standalone",
-               f"--nproc-per-node={self.nproc}", "--max-restarts=0",
-               "-m", "parlab.launch.worker", self.job.path]
+        per_node = self.nproc // self.nnodes
+        worker = [f"--nproc-per-node={per_node}", "--max-restarts=0", "-m", "parlab.launch.worker",
+                  self.job.path]
+        agent = [sys.executable, "-m", "parlab.launch.agent"]
         self.agent_log = open(self.job.agent_log, "wb")
         self.started = time.monotonic()
-        self.agent = subprocess.Popen(cmd, env=self._env(), stdin=subprocess.DEVNULL,
-                                      stdout=self.agent_log, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self.running = self.request is None  # a Slurm launch first waits in the queue
+        self._next_queue_look = 0.0
+        env = self._env()
+        if self.request is not None:
+            self.slurm_name = slurm.job_name(self.job.path)
+            where = ["--standalone"] if self.nnodes == 1 else ["--slurm-rendezvous"]
+            cmd = [sys.executable, "-m", "parlab.launch.slurm_tether", self.slurm_name] + \
+                slurm.srun_command(self.request, self.slurm_name, agent + where + worker)
+            env.update({"PARLAB_TETHER_OWNER": env["PARLAB_KERNEL_PID"], "PARLAB_KERNEL_PID": "0"})
+            self.agent = self._popen(cmd, env)
+        elif self.nnodes == 1:
+            self.agent = self._popen(agent + ["--standalone"] + worker, env)
+        else:
+            endpoint = f"127.0.0.1:{nodes.free_port()}"
+            run_id = os.path.basename(self.job.path)
+            self.agent = nodes.AgentGroup([
+                self._popen(agent + nodes.rendezvous_args(self.nnodes, i, endpoint, run_id) + worker, env)
+                for i in range(self.nnodes)])
         self.agent_token = procs.start_time(self.agent.pid)
         self.deadline = self.started + self.timeout
+
+    def _popen(self, cmd, env) -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self.agent_log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _agents(self) -> list:
+        return getattr(self.agent, "agents", [self.agent])
+
+    def _watch_queue(self) -> None:
+        """While the Slurm job waits: say why, keep the deadline off, notice when it starts."""
+        now = time.monotonic()
+        if self.job.pids():
+            self.running = True
+        elif now >= self._next_queue_look:
+            self._next_queue_look = now + 1.0
+            jobid, state, reason, position = slurm.queue_state(self.slurm_name)
+            if state == "PENDING":
+                self.sink.show_progress(slurm.waiting_text(jobid, reason, position, now - self.started))
+            self.running = state not in ("", "PENDING")
+        if self.running:
+            self.started = now
+            self.deadline = now + self.timeout
+        else:
+            self.deadline = now + self.timeout
 
     def _env(self) -> dict:
         env = dict(os.environ)
@@ -136,12 +194,20 @@ class Job:
                 signal.signal(signal.SIGINT, previous)
 
     def _end_processes(self) -> None:
+        if self.agent is not None and self.request is not None:
+            slurm.cancel(self.slurm_name)  # waiting or running; the tether's srun then ends
+            try:
+                self.agent.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
         if self.agent is not None:
             alive = set(self.job.pids().values())
-            if self.agent.poll() is None:
-                alive.add((self.agent.pid, self.agent_token))
+            alive |= {(a.pid, procs.start_time(a.pid)) for a in self._agents() if a.poll() is None}
             alive |= set(procs.processes_with_env(JOB_ENV, self.job.path))  # e.g. a rank's children
             procs.end_processes(list(alive))
+            if self.request is not None and not slurm.wait_gone(self.slurm_name):
+                self.sink.notice(f"parlab: Slurm still lists job {self.slurm_name} after scancel; "
+                                 "check `squeue --me`", error=True)
             try:
                 self.agent.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -172,8 +238,11 @@ class Job:
                 raise LaunchError(f"the launch's folder {self.job.path} was removed while it ran (by "
                                   "another program cleaning the temporary folder?); run the cell again.")
             self._pump()
-            self.sink.progress(time.monotonic() - self.started,
-                               [r for r in range(self.nproc) if self.job.finished(r)])
+            if not self.running:
+                self._watch_queue()
+            if self.running:
+                self.sink.progress(time.monotonic() - self.started,
+                                   [r for r in range(self.nproc) if self.job.finished(r)])
             if self.agent.poll() is not None or self._dead_ranks(self.job.pids()) \
                     or self.job.errors(self.nproc):
                 break
@@ -181,8 +250,13 @@ class Job:
                 timed_out = True
                 break
             time.sleep(_POLL)
+        if self.request is not None and not timed_out and not self.job.errors(self.nproc):
+            try:  # srun's last lines say whether Slurm itself ended the step
+                self.agent.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         facts = self._facts(timed_out=timed_out)
-        error = explain(facts)
+        error = self._ended_by_slurm(facts) or explain(facts)
         if error is None:
             note = late_exit(facts)
             if note:
@@ -193,6 +267,17 @@ class Job:
             if reason:
                 raise _Transient(error, reason)
         raise error
+
+    def _ended_by_slurm(self, f: Facts) -> WorkerError | None:
+        why = slurm.ended_by_slurm(f.agent_log) if self.request is not None else ""
+        missing = [r for r in range(self.nproc) if r not in f.returned]
+        if not why or not missing:
+            return None
+        limit = f" (time_limit={self.request.time_limit} min)" if "time limit" in why else ""
+        return WorkerError(f"Slurm ended job {self.slurm_name}: {why}{limit}, while rank(s) {missing} "
+                           "were running; they were stopped with it. Ask for a longer time_limit, or "
+                           "run the cell again.", rank=missing[0], exc_type="ended by Slurm",
+                           phase="died", blamed=tuple(missing))
 
     # ---------------------------------------------------------------- facts
 

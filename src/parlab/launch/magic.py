@@ -38,18 +38,26 @@ def _parser(prog: str = "%%torchrun") -> argparse.ArgumentParser:
     p.add_argument("--backend", default=None)
     p.add_argument("--debug", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--nnodes", type=int, default=None)
+    p.add_argument("--scheduler", default=None)
+    p.add_argument("--gpus", type=int, default=None)
+    p.add_argument("--partition", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--time-limit", dest="time_limit", type=float, default=None)
     return p
+
+
+_USAGE = ("Usage: %%torchrun -n 4 [--timeout S] [--backend gloo|nccl] [--debug] [--seed N] [--nnodes N] "
+          "[--scheduler slurm --gpus G --partition P --account A --time-limit MIN]")
 
 
 def parse_line(line: str) -> dict:
     try:
         opts, rest = _parser().parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, ValueError) as exc:
-        raise ValueError(f"%%torchrun: {exc}. Usage: %%torchrun -n 4 [--timeout S] [--backend gloo|nccl] "
-                         "[--debug] [--seed N]") from None
+        raise ValueError(f"%%torchrun: {exc}. {_USAGE}") from None
     if rest:
-        raise ValueError(f"%%torchrun: unknown option(s) {' '.join(rest)}. Usage: %%torchrun -n 4 "
-                         "[--timeout S] [--backend gloo|nccl] [--debug] [--seed N]")
+        raise ValueError(f"%%torchrun: unknown option(s) {' '.join(rest)}. {_USAGE}")
     return vars(opts)
 
 
@@ -73,7 +81,9 @@ def torchrun(line: str, cell: str, ipython=None):
     count, filename, names, has_value = _prepare_cell(cell, ipython, "torchrun")
     results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
                        debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
-                       label=f"Cell In[{count}]" if count is not None else None)
+                       label=f"Cell In[{count}]" if count is not None else None,
+                       **{k: opts[k] for k in ("nnodes", "scheduler", "gpus", "partition", "account",
+                                               "time_limit")})
     return results if has_value else None
 
 

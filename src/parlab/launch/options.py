@@ -60,6 +60,15 @@ def choose_backend(nproc, backend):
     return nproc, backend
 
 
+def check_backend_name(backend) -> str:
+    """The backend of a Slurm launch: as given, or "auto" (the node picks NCCL when it has the GPUs)."""
+    if backend is None:
+        return "auto"
+    if not isinstance(backend, str) or backend.lower() not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return backend.lower()
+
+
 def check_timeout(timeout) -> float:
     source = "timeout"
     if timeout is None:

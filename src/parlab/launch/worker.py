@@ -74,13 +74,17 @@ def _prepare_rank(spec: dict, rank: int):
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     timeout = datetime.timedelta(seconds=spec["pg_timeout"])
-    if spec["backend"] == "nccl":
+    backend = spec["backend"]
+    if backend == "auto":  # a Slurm launch: the node decides, one GPU per local rank or gloo
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        backend = "nccl" if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")) else "gloo"
+    if backend == "nccl":
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
         dist.init_process_group(init_method("nccl"), timeout=timeout, device_id=dev)
     else:
         dev = torch.device("cpu")
-        dist.init_process_group(init_method(spec["backend"]), timeout=timeout)
+        dist.init_process_group(init_method(backend), timeout=timeout)
     runtime._set_device(dev)
     seed_everything(spec["seed"] + rank)
 

@@ -1,0 +1,233 @@
+"""Launches that wait in a Slurm queue for GPUs that this server does not hold.
+
+``launch(fn, gpus=8, scheduler="slurm")`` (or ``PARLAB_SCHEDULER=slurm``)
+runs torchrun inside an interactive Slurm allocation: ``srun`` asks for the
+GPUs as generic resources (GRES), waits in the queue, then starts one
+torchrun agent per node, which starts the ranks as a local launch does.
+
+Why ``srun`` and not submitit or ``sbatch``: srun streams the step's output
+back as it happens, needs nothing beyond the Slurm client the site already
+installs, and its job ends with the step, so a launch never leaves a batch
+job behind.  The ranks still write into the launch's folder, so output,
+results, errors and stacks travel exactly as in a local launch; that folder
+must therefore be visible on the compute node (one machine, or a shared
+filesystem: ``PARLAB_SLURM_JOBS_DIR``).
+
+Everything here runs the Slurm client commands (``sinfo``, ``squeue``,
+``scancel``, ``srun``); it never talks to slurmctld directly.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from .errors import LaunchError
+
+SCHEDULERS = ("local", "slurm")
+#: What slurmstepd prints when Slurm itself ends a running step.
+ENDED_BY_SLURM = {"DUE TO TIME LIMIT": "it reached its time limit",
+                  "DUE TO PREEMPTION": "it was preempted by a job of higher priority",
+                  "DUE TO NODE FAILURE": "its node failed",
+                  "DUE TO JOB REQUEUE": "it was requeued"}
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """What one launch asks Slurm for (checked against ``sinfo`` before it is queued)."""
+
+    partition: str | None
+    account: str | None
+    gpus_per_node: int
+    nnodes: int
+    time_limit: int | None  # minutes, Slurm's unit; None: the partition's default
+
+
+def choose_scheduler(scheduler) -> str:
+    source = "scheduler"
+    if scheduler is None:
+        source, scheduler = "PARLAB_SCHEDULER", os.environ.get("PARLAB_SCHEDULER", "") or "local"
+    if not isinstance(scheduler, str) or scheduler.lower() not in SCHEDULERS:
+        raise ValueError(f"{source} must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
+    return scheduler.lower()
+
+
+def _whole(name: str, value, least: int) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
+    if value < least:
+        raise ValueError(f"{name} must be at least {least}, got {value}")
+    return value
+
+
+def check_nnodes(nnodes) -> int:
+    return 1 if nnodes is None else _whole("nnodes", nnodes, 1)
+
+
+def _client(tool: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise LaunchError(f"scheduler='slurm' needs the Slurm client command {tool!r}, which is not on "
+                          "PATH. Install the Slurm client (Debian: apt-get install slurm-client munge), "
+                          "or unset PARLAB_SCHEDULER to run on this server's own CPUs/GPUs.")
+    return path
+
+
+def run_client(args: list[str], timeout: float = 15.0) -> str:
+    """Run a Slurm client command and return its stdout; a failure names the command and what to set."""
+    cmd = [_client(args[0])] + args[1:]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        out = None
+    if out is None or out.returncode != 0:
+        said = "no answer within %g s" % timeout if out is None else (out.stderr.strip() or
+                                                                       f"exit code {out.returncode}")
+        raise LaunchError(f"`{' '.join(args)}` failed: {said}. The Slurm controller (slurmctld) is not "
+                          "reachable from this server: check SLURM_CONF (or /etc/slurm/slurm.conf) names "
+                          "the controller, that munged runs with the cluster's munge key, and that "
+                          "`sinfo` works in a terminal; or unset PARLAB_SCHEDULER to run locally.")
+    return out.stdout
+
+
+def _partitions() -> dict[str, dict]:
+    """partition -> {"gres": GPUs per node, "nodes": node count, "default": bool} from sinfo."""
+    found: dict[str, dict] = {}
+    for line in run_client(["sinfo", "-h", "-N", "-o", "%P|%N|%G"]).splitlines():
+        part, node, gres = (line.split("|") + ["", ""])[:3]
+        default = part.endswith("*")
+        part = part.rstrip("*")
+        gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[\w.-]+)?:(\d+)", gres))
+        p = found.setdefault(part, {"gpus": [], "nodes": set(), "default": default})
+        if node not in p["nodes"]:
+            p["nodes"].add(node)
+            p["gpus"].append(gpus)
+    return found
+
+
+def check_request(nproc, gpus, nnodes, partition, account, time_limit) -> tuple[int, SlurmRequest]:
+    """(ranks, request) once Slurm has confirmed the partition can hold it; raises before queuing."""
+    nnodes = check_nnodes(nnodes)
+    if partition is None:
+        partition = os.environ.get("PARLAB_SLURM_PARTITION") or None
+    if account is None:
+        account = os.environ.get("PARLAB_SLURM_ACCOUNT") or None
+    gpus = 0 if gpus is None else _whole("gpus", gpus, 0)
+    if nproc is None:
+        nproc = gpus or 2 * nnodes
+    nproc = _whole("nproc", nproc, 1)
+    if nproc % nnodes or gpus % nnodes:
+        raise ValueError(f"nproc={nproc} and gpus={gpus} must split evenly over nnodes={nnodes} "
+                         "(each node runs the same number of ranks)")
+    if time_limit is not None:
+        if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+                or not math.isfinite(time_limit) or time_limit <= 0:
+            raise ValueError(f"time_limit must be a positive number of minutes, got {time_limit!r}")
+        time_limit = max(1, math.ceil(time_limit))
+    parts = _partitions()
+    if partition is None:
+        partition = next((name for name, p in parts.items() if p["default"]), None)
+    if partition not in parts:
+        raise ValueError(f"Slurm has no partition {partition!r}; sinfo lists {', '.join(sorted(parts)) or 'none'}."
+                         " Pass partition=... or set PARLAB_SLURM_PARTITION.")
+    p = parts[partition]
+    per_node = gpus // nnodes
+    if nnodes > len(p["nodes"]):
+        raise ValueError(f"nnodes={nnodes} but partition {partition!r} has {len(p['nodes'])} node(s)")
+    fits = sorted(p["gpus"], reverse=True)[:nnodes]
+    if per_node > min(fits):
+        total = sum(p["gpus"])
+        raise ValueError(f"gpus={gpus} over {nnodes} node(s) is more than partition {partition!r} holds "
+                         f"({max(p['gpus'])} GPU(s) on its largest node, {total} in all); it would wait "
+                         "forever. Ask for fewer GPUs, or more nodes.")
+    return nproc, SlurmRequest(partition, account, per_node, nnodes, time_limit)
+
+
+def job_name(job_path: str) -> str:
+    """A name unique to one launch (its folder), so squeue and scancel find exactly its job."""
+    return "parlab-" + os.path.basename(job_path)
+
+
+def srun_command(req: SlurmRequest, name: str, command: list[str]) -> list[str]:
+    cmd = [_client("srun"), f"--job-name={name}", f"--nodes={req.nnodes}", f"--ntasks={req.nnodes}",
+           "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL", "--unbuffered",
+           f"--partition={req.partition}"]
+    if req.gpus_per_node:
+        cmd.append(f"--gres=gpu:{req.gpus_per_node}")
+    if req.account:
+        cmd.append(f"--account={req.account}")
+    if req.time_limit:
+        cmd.append(f"--time={req.time_limit}")
+    return cmd + command
+
+
+def queue_state(name: str) -> tuple[str, str, str, int]:
+    """(job id, state, reason, position among the partition's pending jobs) of the launch's job.
+
+    ("", "", "", 0) when Slurm has no such job (not yet submitted, or gone).
+    """
+    try:
+        mine = run_client(["squeue", "-h", "--name", name, "-o", "%i|%T|%r|%P"], timeout=5).strip()
+    except LaunchError:
+        return "", "", "", 0
+    if not mine:
+        return "", "", "", 0
+    jobid, state, reason, part = (mine.splitlines()[0].split("|") + ["", "", ""])[:4]
+    position = 0
+    if state == "PENDING":
+        try:
+            order = run_client(["squeue", "-h", "-p", part, "-t", "PD", "--sort=-p,i", "-o", "%i"],
+                               timeout=5).split()
+            position = order.index(jobid) + 1 if jobid in order else 0
+        except LaunchError:
+            pass
+    return jobid, state, reason, position
+
+
+def cancel(name: str) -> None:
+    """scancel the launch's job (waiting or running); quiet when it is already gone."""
+    user = os.environ.get("USER") or _user()
+    try:
+        run_client(["scancel", "--name", name, "--user", user], timeout=10)
+    except LaunchError:
+        pass
+
+
+def _user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def wait_gone(name: str, limit: float = 20.0) -> bool:
+    """Wait until squeue no longer lists the launch's job; True if it is gone."""
+    import time
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not queue_state(name)[0]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def ended_by_slurm(log: str) -> str:
+    """Why Slurm ended the step ("it reached its time limit"), from srun's output, or ""."""
+    return next((why for mark, why in ENDED_BY_SLURM.items() if mark in log), "")
+
+
+def waiting_text(jobid: str, reason: str, position: int, waited: float) -> str:
+    where = f"position {position} in the queue" if position else "in the queue"
+    why = {"Resources": "waiting for GPUs that other jobs hold",
+           "Priority": "jobs of higher priority go first",
+           "None": "being scheduled"}.get(reason, reason or "being scheduled")
+    return f"parlab: Slurm job {jobid} waits, {where} ({reason}: {why}), {waited:.0f} s so far"

@@ -1,0 +1,144 @@
+"""A throw-away course with a class of submissions, for ``parlab grade`` tests and benchmarks.
+
+    root = make_course(tmp / "course", ["00-setup"])     # config, solutions/, labs/, gradebook.db
+    add_students(root, ["ada", "bo"])
+    submit(root, "ada", "00-setup", notebook("00-setup", root))                       # right answers
+    submit(root, "bo", "00-setup", notebook("00-setup", root, wrong=("weight_bytes", fixture)))
+
+Every submission starts from the student version this course generated, cut
+to its graded cells (``nbgrader_harness.graded_cells_only``: nbgrader scores
+only those), with each answer cell holding the solution's code, except:
+
+- ``blank=True``: the answer cells as released (stubs that raise);
+- ``wrong=(exercise, fixture)``: that exercise answered by a wrong-answer
+  fixture from ``tests/wrong_answers/labNN.py`` (the fixture module's source
+  goes first in the cell, so its helpers are defined; then the answer's
+  name is bound to the fixture);
+- ``kill=exercise``: that answer cell ends the kernel (``os._exit(1)``), a
+  student's fault that costs that exercise only.
+
+``serial_autograde`` grades a course the ordinary way, ``nbgrader autograde
+LAB --force`` then ``nbgrader generate_feedback LAB --force``.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+from nbgrader_harness import REPO, _run_here, graded_cells_only, source_notebook
+
+
+def tool_env(**extra) -> dict:
+    """The environment nbgrader needs (this venv's ``alembic`` on PATH), one thread per rank."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def make_course(root: Path, labs: list[str], timeout: float = 300) -> Path:
+    """A course root holding the repository's config and these labs, generated (gradebook included)."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
+    for lab in labs:
+        shutil.copytree(REPO / "solutions" / lab, root / "solutions" / lab,
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    _run_here("release", root, labs, tool_env(), timeout)
+    return root
+
+
+def add_students(root: Path, students: list[str]) -> None:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "parlab") as gb:
+        for student in students:
+            gb.update_or_create_student(student)
+
+
+def _answer_name(lab: str, exercise: str) -> str:
+    module = importlib.import_module(f"parlab.grading.lab{lab[:2]}")
+    for obj in vars(module).values():
+        ex = getattr(obj, "exercise", None)
+        if ex is not None and ex.key == f"lab{lab[:2]}.{exercise}":
+            return ex.answer
+    raise KeyError(f"no exercise {exercise!r} in {lab}")
+
+
+def _defines(cell, name: str) -> bool:
+    return any(line.startswith((f"def {name}(", f"class {name}(", f"class {name}:"))
+               for line in cell.source.splitlines())
+
+
+def notebook(lab: str, root: Path, blank: bool = False, wrong: tuple | None = None,
+             kill: str | None = None) -> nbformat.NotebookNode:
+    """A student's notebook for ``lab`` (see the module docstring)."""
+    nb = nbformat.read(root / "labs" / lab / source_notebook(lab).name, as_version=4)
+    graded_cells_only(nb)
+    if blank:
+        return nb
+    solved = {c.metadata["nbgrader"]["grade_id"]: c.source
+              for c in nbformat.read(source_notebook(lab), as_version=4).cells
+              if c.metadata.get("nbgrader", {}).get("solution")}
+    for cell in nb.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.metadata.get("nbgrader", {}).get("solution") and grade_id in solved:
+            cell.source = solved[grade_id]
+    if wrong:
+        exercise, fixture = wrong
+        name = _answer_name(lab, exercise)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution") and _defines(c, name))
+        cell.source = f"{inspect.getsource(inspect.getmodule(fixture))}\n\n{name} = {fixture.__name__}\n"
+    if kill:
+        name = _answer_name(lab, kill)
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution") and _defines(c, name))
+        cell.source = "import os\nos._exit(1)\n" + cell.source
+    return nb
+
+
+def submit(root: Path, student: str, lab: str, content) -> Path:
+    """Put a notebook (or raw bytes, for bad input) at submitted/<student>/<lab>/<notebook>."""
+    dest = root / "submitted" / student / lab / source_notebook(lab).name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        dest.write_bytes(content)
+    else:
+        nbformat.write(content, dest)
+    return dest
+
+
+def with_changed_cell_id(nb, old: str, new: str):
+    """A copy of ``nb`` whose graded cell ``old`` was renamed ``new``."""
+    nb = nbformat.from_dict(json.loads(nbformat.writes(nb)))
+    for cell in nb.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == old:
+            cell.metadata["nbgrader"]["grade_id"] = new
+    return nb
+
+
+def serial_autograde(root: Path, lab: str, env: dict | None = None, timeout: float = 1800) -> float:
+    """``nbgrader autograde LAB --force`` then ``nbgrader generate_feedback LAB --force``; wall seconds."""
+    start = time.perf_counter()
+    for step in ("autograde", "generate_feedback"):
+        proc = subprocess.run([sys.executable, "-m", "nbgrader", step, lab, "--force"], cwd=root,
+                              env=env or tool_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nbgrader {step} {lab} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+    return time.perf_counter() - start
+
+
+def gradebook_scores(root: Path, lab: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """{student: {grade_id: (score, max_score)}} of every submission of ``lab`` in the course."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "parlab") as gb:
+        return {sub.student.id: {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
+                for sub in gb.find_assignment(lab).submissions}
