@@ -14,7 +14,8 @@ DIR/dev.  Slurm only counts them; the ranks run on gloo.
 
 Each node claims this machine's cores (``CPUs``) and the memory Slurm may
 use; with ``--nodes 2`` the two slurmd share the machine and differ by name
-and port, so ``srun --nodes 2`` can be tried without a second machine.
+and port, so ``srun --nodes 2`` can be tried without a second machine: partition
+``gpu`` (the default) is node n1 alone, partition ``two`` both nodes.
 """
 from __future__ import annotations
 
@@ -69,8 +70,8 @@ InactiveLimit=0
 SchedulerParameters=sched_interval=1
 MessageTimeout=10
 {node_lines}
-PartitionName=gpu Nodes={",".join(names)} Default=YES MaxTime=60 State=UP OverSubscribe=NO
-"""
+PartitionName=gpu Nodes=n1 Default=YES MaxTime=60 State=UP OverSubscribe=NO
+""" + (f"PartitionName=two Nodes={','.join(names)} MaxTime=60 State=UP OverSubscribe=NO\n" if nodes > 1 else "")
 
 
 def _hostname() -> str:
@@ -134,8 +135,8 @@ def start(dir_: str, nodes: int = 1, timeout: float = 60.0) -> None:
     while time.monotonic() < deadline:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], env=e, capture_output=True, text=True)
         states = out.stdout.strip()
-        lines = states.splitlines()
-        if len(lines) == nodes and all(line.split()[1] == "idle" for line in lines):
+        seen = dict(line.split()[:2] for line in states.splitlines() if len(line.split()) >= 2)
+        if len(seen) == nodes and all(state == "idle" for state in seen.values()):
             # the nodes' pidfiles are named after the node (%n)
             print(f"export SLURM_CONF={dir_}/slurm.conf")
             return

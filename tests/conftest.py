@@ -7,6 +7,8 @@ Every test belongs to exactly one tier, cheapest first:
 - ``nbgrader``  release and autograde of whole notebooks
 - ``gpu``       needs CUDA; skipped here with the reason when there is none
 - ``browser``   JupyterLab driven by Chromium; skipped when no browser is installed
+- ``slurm``     launches through a private Slurm started for the session
+                (tests/slurm); skipped when Slurm is not installed
 
 ``make test`` runs every tier the machine can run; ``pytest -m ranks`` (or
 ``make test PYTEST_ARGS="-m unit"``) runs one.  A module names its tier with
@@ -20,7 +22,7 @@ import shutil
 
 import pytest
 
-TIERS = ("unit", "ranks", "nbgrader", "gpu", "browser")
+TIERS = ("unit", "ranks", "nbgrader", "gpu", "browser", "slurm")
 
 
 def pytest_configure(config):
@@ -30,6 +32,7 @@ def pytest_configure(config):
         "nbgrader": "nbgrader release and autograde",
         "gpu": "needs CUDA (skipped without it)",
         "browser": "real Chromium driving JupyterLab (skipped without it)",
+        "slurm": "launches through a local slurmctld and slurmd (skipped without Slurm)",
     }
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {descriptions[tier]}")
@@ -64,13 +67,25 @@ def _browser_reason() -> str | None:
     return None
 
 
+def _slurm_reason() -> str | None:
+    missing = [t for t in ("munged", "slurmctld", "slurmd", "srun", "sinfo", "squeue", "scancel")
+               if not (shutil.which(t) or os.path.exists(f"/usr/sbin/{t}"))]
+    if missing:
+        return (f"Slurm is not installed ({', '.join(missing)} missing): apt-get install slurmctld "
+                "slurmd slurm-client munge")
+    if os.getuid() != 0:
+        return "starting slurmd with its dummy GPU devices needs root"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     untiered = sorted({item.nodeid.split("::")[0] for item in items
                        if not any(item.get_closest_marker(t) for t in TIERS)})
     if untiered:
         raise pytest.UsageError("test modules without a tier marker (pytestmark = "
                                 f"pytest.mark.<{'|'.join(TIERS)}>): {', '.join(untiered)}")
-    reasons = {"gpu": _cuda_reason(), "browser": _browser_reason()}
+    reasons = {"gpu": _cuda_reason(), "browser": _browser_reason(),
+               "slurm": _slurm_reason() if any(i.get_closest_marker("slurm") for i in items) else None}
     for item in items:
         for tier, reason in reasons.items():
             if reason and item.get_closest_marker(tier):

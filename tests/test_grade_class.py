@@ -87,7 +87,7 @@ def courses(tmp_path_factory):
         runs[name] = grade(parallel, *args, kill=kill)
         if name == "killed":
             runs["after kill"] = gradebook_scores(parallel, LAB)
-        print(f"parlab grade ({name}): {time.perf_counter() - start:.1f} s")
+        print(f"parlab grade ({name}): {time.perf_counter() - start:.1f} s\n{runs[name][1]}")
     return serial, parallel, runs
 
 

@@ -115,7 +115,8 @@ class Job:
         self.agent_log = open(self.job.agent_log, "wb")
         self.started = time.monotonic()
         self.running = self.request is None  # a Slurm launch first waits in the queue
-        self._next_queue_look = 0.0
+        self._next_queue_look = self._queue_next_say = 0.0
+        self._queue_said = None
         env = self._env()
         if self.request is not None:
             self.slurm_name = slurm.job_name(self.job.path)
@@ -150,7 +151,9 @@ class Job:
         elif now >= self._next_queue_look:
             self._next_queue_look = now + 1.0
             jobid, state, reason, position = slurm.queue_state(self.slurm_name)
-            if state == "PENDING":
+            said = (reason, position)
+            if state == "PENDING" and (said != self._queue_said or now >= self._queue_next_say):
+                self._queue_said, self._queue_next_say = said, now + 15.0  # on change, else every 15 s
                 self.sink.show_progress(slurm.waiting_text(jobid, reason, position, now - self.started))
             self.running = state not in ("", "PENDING")
         if self.running:
@@ -269,11 +272,11 @@ class Job:
         raise error
 
     def _ended_by_slurm(self, f: Facts) -> WorkerError | None:
-        why = slurm.ended_by_slurm(f.agent_log) if self.request is not None else ""
+        why = slurm.ended_by_slurm(self.job.agent_text()) if self.request is not None else ""
         missing = [r for r in range(self.nproc) if r not in f.returned]
         if not why or not missing:
             return None
-        limit = f" (time_limit={self.request.time_limit} min)" if "time limit" in why else ""
+        limit = f" (time_limit={self.request.time_limit / 60:g} min)" if "time limit" in why else ""
         return WorkerError(f"Slurm ended job {self.slurm_name}: {why}{limit}, while rank(s) {missing} "
                            "were running; they were stopped with it. Ask for a longer time_limit, or "
                            "run the cell again.", rank=missing[0], exc_type="ended by Slurm",

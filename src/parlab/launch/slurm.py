@@ -44,7 +44,7 @@ class SlurmRequest:
     account: str | None
     gpus_per_node: int
     nnodes: int
-    time_limit: int | None  # minutes, Slurm's unit; None: the partition's default
+    time_limit: int | None  # seconds (asked for in minutes, Slurm's unit); None: the partition's default
 
 
 def choose_scheduler(scheduler) -> str:
@@ -132,7 +132,7 @@ def check_request(nproc, gpus, nnodes, partition, account, time_limit) -> tuple[
         if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
                 or not math.isfinite(time_limit) or time_limit <= 0:
             raise ValueError(f"time_limit must be a positive number of minutes, got {time_limit!r}")
-        time_limit = max(1, math.ceil(time_limit))
+        time_limit = max(1, math.ceil(time_limit * 60))
     parts = _partitions()
     if partition is None:
         partition = next((name for name, p in parts.items() if p["default"]), None)
@@ -166,7 +166,7 @@ def srun_command(req: SlurmRequest, name: str, command: list[str]) -> list[str]:
     if req.account:
         cmd.append(f"--account={req.account}")
     if req.time_limit:
-        cmd.append(f"--time={req.time_limit}")
+        cmd.append(f"--time={req.time_limit // 60}:{req.time_limit % 60:02d}")  # minutes:seconds
     return cmd + command
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 from .inputs import Course, Submission
@@ -60,7 +61,9 @@ def merge(c: Course, copy: Path, sub: Submission) -> dict[str, tuple[float, floa
         real = getattr(c, kind)
         _replace_tree(copy / real.relative_to(c.root) / student / lab, real / student / lab)
     with Gradebook(f"sqlite:///{copy / 'gradebook.db'}", c.course_id) as src, \
-            Gradebook(c.db_url, c.course_id) as dst:
+            Gradebook(c.db_url, c.course_id) as dst, warnings.catch_warnings():
+        # nbgrader's own add_submission trips SQLAlchemy's "not in session" autoflush warning
+        warnings.filterwarnings("ignore", message=".*not in session", module="nbgrader")
         graded = src.find_submission(lab, student)
         student_row = graded.student
         dst.update_or_create_student(student, first_name=student_row.first_name,

@@ -56,11 +56,34 @@ def default_workers(lab: str) -> int:
     return max(1, cores // widest_launch(lab))
 
 
+def end_job(token: str) -> int:
+    """SIGKILL every process whose environment carries this job's token; how many."""
+    import psutil
+
+    ended = 0
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(JOB_VAR) == token:
+                p.kill()
+                ended += 1
+        except (psutil.Error, OSError):
+            continue
+    return ended
+
+
+def end_stale_jobs(c: inputs.Course, lab: str) -> None:
+    """Workers of a scheduler that was killed outright may still run: end them first."""
+    for job in (c.workdir / lab).glob("*/job"):
+        end_job(job.read_text().strip())
+        job.unlink(missing_ok=True)
+
+
 class Running:
     def __init__(self, sub: inputs.Submission, root: Path, proc: subprocess.Popen, log, token: str):
         self.sub, self.root, self.proc, self.log, self.token = sub, root, proc, log, token
         self.start = time.monotonic()
         (root / "worker.pid").write_text(str(proc.pid))
+        (root / "job").write_text(token)
 
     def end_group(self) -> None:
         """End whatever the worker left: its session, and every process that carries its token.
@@ -68,18 +91,12 @@ class Running:
         (A Jupyter kernel runs in a process group of its own and the sandbox in
         a session of its own, so the worker's session alone does not hold them.)
         """
-        import psutil
-
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        for p in psutil.process_iter():
-            try:
-                if p.pid != os.getpid() and p.environ().get(JOB_VAR) == self.token:
-                    p.kill()
-            except (psutil.Error, OSError):
-                continue
+        end_job(self.token)
+        (self.root / "job").unlink(missing_ok=True)
         self.log.close()
 
 
@@ -134,6 +151,7 @@ def grade_class(root: Path, lab: str, workers: int | None = None, resume: bool =
         print(f"          {student:<16} rejected {why}", file=progress.out, flush=True)
     if not todo:
         return progress
+    end_stale_jobs(c, lab)
     template = c.workdir / lab / "gradebook-template.db"
     worker.snapshot_gradebook(c, template)
     queue, running = list(todo), []
