@@ -193,3 +193,10 @@ def test_every_rule_is_broken_by_some_fixture(visible):
 def test_uneven_length_gets_a_clear_error():
     with pytest.raises(ValueError, match="not divisible by 6"):
         ring.layout_positions(10, 3, "zigzag")
+
+
+def test_send_send_deadlock_fails_in_bounded_time():
+    fn, words = wrong.DEADLOCK
+    with pytest.raises(AssertionError, match="did not finish") as info:
+        lab07.check_ring_attention(fn, timeout=16)
+    assert words in str(info.value)
