@@ -283,12 +283,16 @@ def _ep(combine="right", weighted=True, sum_grads=False, equal_splits=False):
 
 
 EPCombineWrongOrder = _ep(combine="sorted")
+EPCombineWrongOrder.__name__ = EPCombineWrongOrder.__qualname__ = "EPCombineWrongOrder"
 EPCombineWrongOrder.__doc__ = "Adds the results back in the dispatch's sorted order, not at their tokens."
 EPWeightsNotApplied = _ep(weighted=False)
+EPWeightsNotApplied.__name__ = EPWeightsNotApplied.__qualname__ = "EPWeightsNotApplied"
 EPWeightsNotApplied.__doc__ = "Sums the experts' results without the router's weights."
 EPExpertGradAllReduced = _ep(sum_grads=True)
+EPExpertGradAllReduced.__name__ = EPExpertGradAllReduced.__qualname__ = "EPExpertGradAllReduced"
 EPExpertGradAllReduced.__doc__ = "All-reduces each expert's weight gradient over the world."
 EPEqualSplits = _ep(equal_splits=True)
+EPEqualSplits.__name__ = EPEqualSplits.__qualname__ = "EPEqualSplits"
 EPEqualSplits.__doc__ = "Calls the payload's all-to-all without split sizes: equal splits assumed."
 
 
@@ -348,7 +352,7 @@ WRONG = {
         (ring_mask_every_block_local, "causal mask is wrong"),
         (ring_dkdv_stay_home, "travel around the ring"),
         (ring_all_gather, "point-to-point messages only"),
-        (ring_compute_then_send, "only then posted its send"),
+        (ring_compute_then_send, "computed attention before posting any send"),
         (ring_scales_q_in_place, "in place"),
     ],
     "zigzag": [

@@ -115,7 +115,11 @@ def settle(result: dict, case: MoECase, i: int, n: int) -> bool:
     if not isinstance(result.get("out"), torch.Tensor):
         return False
     rank, ref = dist.get_rank(), reference(case, n)
-    return check.same_values(result["out"], ref["out"][rank]) and check.same_values(result["dx"], ref["dx"][rank])
+    per = case.experts // n
+    experts_right = all(check.same_values(g, ref["grads"][name]) for k, g in result["grads"].items()
+                        if (name := _global_name(k, rank, per)) in ref["grads"])
+    return (check.same_values(result["out"], ref["out"][rank]) and check.same_values(result["dx"], ref["dx"][rank])
+            and experts_right)
 
 
 # ---------------------------------------------------------------- grader
