@@ -1,0 +1,95 @@
+"""What lab 07's rules need beyond the spy: when attention is computed, and on what.
+
+``watching(spy)`` runs inside ``spy.watch()`` and adds events to the spy's
+record (``spy.note``), so they travel back with it:
+
+- ``compute``: a matmul-like torch call (matmul, bmm, einsum, baddbmm,
+  ``@``, scaled_dot_product_attention), with the storages of its tensor
+  arguments, seen through a ``TorchFunctionMode``;
+- ``sent`` / ``received``: a point-to-point send or receive (``dist.isend``,
+  ``dist.send``, ``dist.irecv``, ``dist.recv``, also when
+  ``batch_isend_irecv`` makes them), with the storage of the tensor;
+- ``a2a``: an ``all_to_all_single``, with whether split sizes were given.
+
+Each event carries ``calls`` (how many dist calls the spy had seen before
+it) and ``in_backward``, so a rule can place it among the spy's calls.
+Storages are compared by data pointer: a view (``k.transpose(-1, -2)``)
+shares its tensor's storage.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+from torch.overrides import TorchFunctionMode
+
+_COMPUTE = {"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "mm",
+            "scaled_dot_product_attention"}
+
+
+def _storages(values) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(int(v.untyped_storage().data_ptr()))
+        elif isinstance(v, (list, tuple)):
+            out.extend(_storages(v))
+    return out
+
+
+class _Compute(TorchFunctionMode):
+    def __init__(self, spy):
+        super().__init__()
+        self.spy = spy
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in _COMPUTE:
+            self.spy.note("compute", in_backward=self.spy.backward_depth > 0,
+                          storages=_storages(list(args) + list(kwargs.values())))
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def watching(spy):
+    """Inside ``spy.watch()``: note compute, sends and all-to-all splits in ``spy``'s record."""
+    patches = []
+
+    def p2p(kind):
+        def make(original):
+            def wrapper(tensor, *args, **kwargs):
+                spy.note(kind, in_backward=spy.backward_depth > 0, storages=_storages([tensor]))
+                return original(tensor, *args, **kwargs)
+            return wrapper
+        return make
+
+    def a2a(original):
+        def wrapper(output, input, output_split_sizes=None, input_split_sizes=None, *args, **kwargs):
+            spy.note("a2a", in_backward=spy.backward_depth > 0, splits=output_split_sizes is not None,
+                     dtype=str(input.dtype).replace("torch.", ""))
+            return original(output, input, output_split_sizes, input_split_sizes, *args, **kwargs)
+        return wrapper
+
+    for name, make in (("isend", p2p("sent")), ("send", p2p("sent")), ("irecv", p2p("received")),
+                       ("recv", p2p("received")), ("all_to_all_single", a2a)):
+        wrapped = make(getattr(dist, name))
+        patches.append((dist, name, wrapped))
+        if hasattr(c10d, name):
+            patches.append((c10d, name, wrapped))
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        with _Compute(spy):
+            yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+
+
+def events(record: dict, kind: str, backward: bool | None = False) -> list[dict]:
+    """The record's events of ``kind`` (in forward only by default; None: both passes)."""
+    return [e for e in record["events"] if e["event"] == kind
+            and (backward is None or e.get("in_backward") == backward)]

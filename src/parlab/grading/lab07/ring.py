@@ -1,0 +1,247 @@
+"""Lab 07, exercise 1: ring attention, its cases, the reference, the grader and the rules.
+
+The student's ``ring_attention(q, k, v, positions, causal)`` runs on every
+rank with this rank's chunk of queries, keys and values, each of shape
+(B, H, L, D), and ``positions``, a (c, L) LongTensor: row j holds the
+global token positions of rank j's chunk (``arange`` rows for the plain
+split, head and tail halves for the zig-zag one).  It returns this rank's
+chunk of the attention output.  The reference is
+``scaled_dot_product_attention`` on the whole sequence, in one process,
+float64; forward and backward (the gradients of q, k and v against a fixed
+upstream gradient) are compared chunk by chunk.
+
+Hints name the likely mistake from which part is wrong: a non-causal case
+wrong in forward (the partial softmaxes merged without rescaling), only the
+causal cases wrong (the mask on global positions), the output right but
+dk/dv wrong (the K/V gradients must travel back to the rank that owns the
+chunk).  Rules are judged on the spy's calls and ``recorder`` events.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ... import check
+from ..harness import Graded, Rule
+from . import recorder
+
+
+@dataclass(frozen=True)
+class RingCase:
+    """One input: shapes (batch, heads, sequence, head dim), the mask and the split."""
+
+    b: int = 1
+    h: int = 2
+    s: int = 12
+    d: int = 4
+    causal: bool = False
+    layout: str = "contiguous"  # or "zigzag"
+    seed: int = 0
+
+    def describe(self, n: int) -> str:
+        return (f"q, k, v of shape ({self.b}, {self.h}, {self.s}, {self.d}) split "
+                f"{self.layout}, causal={self.causal}, world_size {n}")
+
+    def tensors(self) -> dict:
+        g = torch.Generator().manual_seed(7000 + self.seed)
+        shape = (self.b, self.h, self.s, self.d)
+        return {k: torch.randn(shape, generator=g, dtype=torch.float64) for k in ("q", "k", "v", "dout")}
+
+
+def layout_positions(s: int, c: int, layout: str) -> torch.Tensor:
+    """(c, s/c) global positions per rank: contiguous chunks, or zig-zag (chunks r and 2c-1-r of 2c)."""
+    parts = 2 * c if layout == "zigzag" else c
+    if s % parts:
+        raise ValueError(f"sequence length {s} is not divisible by {parts} ({layout} split over {c} "
+                         f"ranks): pad the sequence to a multiple of {parts}")
+    chunks = torch.arange(s).view(parts, s // parts)
+    if layout == "contiguous":
+        return chunks
+    return torch.stack([torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)])
+
+
+def reference(case: RingCase) -> dict:
+    t = case.tensors()
+    q, k, v = (t[n].clone().requires_grad_() for n in "qkv")
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    out.backward(t["dout"])
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+# ---------------------------------------------------------------- on the ranks
+def run(fn, case: RingCase, i: int, spy) -> dict:
+    import torch.distributed as dist
+
+    rank, n = dist.get_rank(), dist.get_world_size()
+    pos = layout_positions(case.s, n, case.layout)
+    t = case.tensors()
+    leaves = {k: t[k][:, :, pos[rank]].clone().requires_grad_() for k in "qkv"}
+    q, k, v = (leaves[k] * 1 for k in "qkv")  # non-leaf inputs, as inside a model
+    given = pos.clone()
+    spy.guard(q=q, k=k, v=v, positions=given)
+    with spy.watch(), recorder.watching(spy):
+        out = fn(q, k, v, given, case.causal)
+        if not isinstance(out, torch.Tensor):
+            return {"out": repr(out)[:100]}
+        spy.note("backward")
+        if out.requires_grad and out.shape == q.shape:
+            out.backward(t["dout"][:, :, pos[rank]])
+    cpu = (lambda x: None if x is None else x.detach().clone())
+    return {"out": cpu(out), **{f"d{k}": cpu(leaves[k].grad) for k in "qkv"}}
+
+
+def settle(result: dict, case: RingCase, i: int, n: int) -> bool:
+    import torch.distributed as dist
+
+    if not isinstance(result.get("out"), torch.Tensor):
+        return False
+    rank, ref = dist.get_rank(), reference(case)
+    pos = layout_positions(case.s, n, case.layout)[rank]
+    return all(check.same_values(result[key], ref[key][:, :, pos]) for key in ("out", "dq", "dk", "dv"))
+
+
+# ---------------------------------------------------------------- grader
+def _wrong(got: list, want: torch.Tensor, pos: torch.Tensor, name: str) -> str | None:
+    for r, t in enumerate(got):
+        if t is None:
+            return (f"{name} is None on rank {r}: backward did not reach that input. Write the ring as "
+                    "a torch.autograd.Function whose backward returns dq, dk and dv.")
+        try:
+            check.assert_close(t, want[:, :, pos[r]], name=name, rank=r)
+        except AssertionError as err:
+            return str(err)
+    return None
+
+
+_RESCALE = ("partial results of different chunks must be merged with the online-softmax rescaling: keep "
+            "each query's running max (or log-sum-exp) and, when a new chunk's block arrives, multiply the "
+            "output so far by exp(old − new) before adding the block's part, and divide by the total "
+            "normaliser at the end. Averaging or summing the blocks' softmaxes gives a different answer.")
+_MASK = ("the non-causal cases pass, so the causal mask is wrong. Compare global positions: a query at "
+         "position p sees the keys at positions <= p, so chunks wholly before it are attended fully, its "
+         "own diagonal block is triangular, and blocks after it not at all (with the zig-zag split a "
+         "rank's chunk is two halves: use `positions`, not a lower triangle on every block).")
+_TRAVEL = ("the output and dq are right but dk/dv are not: each rank's queries contribute to the "
+           "gradients of every chunk they attended to. Those dk/dv parts must travel around the ring with "
+           "K and V and arrive back at the rank that owns the chunk (one more hop after the last block), "
+           "where they are summed.")
+
+
+def grade(g: Graded) -> str | None:
+    done = min(len(r) for r in g.results)
+    for i, case in enumerate(g.cases[:done]):
+        res = g.at(i)
+        bad = [(r, o) for r, o in enumerate(res) if not isinstance(o.get("out"), torch.Tensor)]
+        if bad:
+            return f"{g.name} returned {bad[0][1]['out']} on rank {bad[0][0]}, not a tensor ({case.describe(g.n)})."
+        ref, pos = reference(case), layout_positions(case.s, g.n, case.layout)
+        if any(o["out"].shape != ref["out"][:, :, pos[r]].shape for r, o in enumerate(res)):
+            return (f"{g.name} returned shape {tuple(res[0]['out'].shape)} for {case.describe(g.n)}; "
+                    "return this rank's chunk of the output, shaped like q.")
+        wrong = _wrong([o["out"] for o in res], ref["out"], pos, "output")
+        if wrong:
+            hint = _MASK if case.causal and _passed_plain(g, i) else _RESCALE if not case.causal else (
+                _MASK + " Or, if the non-causal case is also wrong: " + _RESCALE)
+            return f"{g.name}'s output is wrong for {case.describe(g.n)}.\n{wrong}\nHint: {hint}"
+        wrong = _wrong([o["dq"] for o in res], ref["dq"], pos, "dq")
+        if wrong:
+            return (f"{g.name}'s gradient of q is wrong for {case.describe(g.n)}.\n{wrong}\nHint: backward "
+                    "recomputes each block's probabilities P = exp(q·kᵀ·scale − lse) and adds "
+                    "(P ∘ (dout·vᵀ − rowsum(dout ∘ out)))·k·scale over every block the query saw.")
+        for key in ("dk", "dv"):
+            wrong = _wrong([o[key] for o in res], ref[key], pos, key)
+            if wrong:
+                return f"{g.name}'s {key} is wrong for {case.describe(g.n)}.\n{wrong}\nHint: {_TRAVEL}"
+    return None
+
+
+def _passed_plain(g: Graded, i: int) -> bool:
+    """Whether a non-causal case before case i passed (so only the mask can be wrong)."""
+    return any(not c.causal for c in g.cases[:i])
+
+
+# ---------------------------------------------------------------- rules
+P2P = ("isend", "irecv", "send", "recv")
+
+
+def _ring_only(records, case, n):
+    chunk = case.b * case.h * (case.s // n) * case.d
+    for r, rec in enumerate(records):
+        for c in rec["calls"]:
+            if c["op"] not in P2P:
+                return (f"rank {r} called dist.{c['op']}: K and V must travel around the ring by "
+                        "point-to-point messages only (an all-gather holds the whole K/V on every rank, "
+                        "which is what context parallelism avoids).")
+            if c["numel"] > 4 * chunk:
+                return (f"rank {r} sent or received {c['numel']} elements in one message; one rank's K, V "
+                        f"(and in backward dK, dV) chunks are at most {4 * chunk}.")
+        sends = {c["peer"] for c in rec["calls"] if c["op"] in ("isend", "send")}
+        if not (sends <= {(r + 1) % n} or sends <= {(r - 1) % n}):
+            return (f"rank {r} sent to ranks {sorted(sends)}: in a ring each rank sends only to its next "
+                    f"neighbour ({(r + 1) % n}, or {(r - 1) % n} if the ring runs the other way).")
+    return None
+
+
+def _overlap(records, case, n):
+    if n == 1:
+        return None
+    for r, rec in enumerate(records):
+        computes = recorder.events(rec, "compute")
+        if not computes:
+            continue
+        fwd_sends = [i for i, c in enumerate(rec["calls"]) if c["op"] in ("isend", "send") and not c["in_backward"]]
+        if not fwd_sends or fwd_sends[0] >= computes[0]["calls"]:
+            return (f"rank {r} computed attention before posting any send: post the send of the chunk "
+                    "you hold (and the receive of the next) first, then compute on it while it travels.")
+        moves = [m for m in rec["events"] if m["event"] in ("sent", "received") and not m["in_backward"]]
+        for e in computes:
+            if _sent_after(e, moves):
+                return (f"rank {r} computed on a K/V chunk and only then posted its send to the next rank: "
+                        "post the send first, so the transfer overlaps the compute.")
+    return None
+
+
+def _sent_after(compute: dict, moves: list) -> bool:
+    """Whether a storage computed on is sent later before anything is received into it again."""
+    storages = set(compute["storages"])
+    for m in moves:
+        if m["calls"] < compute["calls"] or not storages & set(m["storages"]):
+            continue
+        if m["event"] == "sent":
+            return True
+        storages -= set(m["storages"])  # refilled by a receive: a new chunk in an old buffer
+    return False
+
+
+def _unchanged(records, case, n):
+    for r, rec in enumerate(records):
+        if rec["mutated"]:
+            return (f"rank {r} modified {', '.join(rec['mutated'])} in place: compute into new tensors "
+                    "(the caller, and autograd, still need the inputs).")
+    return None
+
+
+RULES = (
+    Rule("No all-gather of the whole K/V: K and V travel by point-to-point messages (`dist.isend`/"
+         "`dist.irecv`, or `dist.batch_isend_irecv`), each rank sending only to its next neighbour on "
+         "the ring, one chunk at a time.", _ring_only),
+    Rule("In forward, the next chunk's send is posted before the current chunk's attention is computed "
+         "(the transfer overlaps the compute): never compute on a chunk and only then send it on.",
+         _overlap),
+    Rule("No input is modified in place: `q`, `k`, `v` and `positions` keep their values.", _unchanged),
+)
+
+ON_HANG = ("in a ring where every rank first calls a blocking dist.send, nobody reaches its recv: gloo's "
+           "send completes only once the neighbour posts the matching receive. Post the send and the "
+           "receive together with dist.isend/dist.irecv (or dist.batch_isend_irecv) and wait on both.")
+
+#: Test sets: ((world size, cases), ...).
+VISIBLE = ((3, (RingCase(s=12), RingCase(s=12, causal=True, seed=1),
+                RingCase(b=2, h=1, s=12, d=3, causal=True, layout="zigzag", seed=2))),)
+HIDDEN = ((2, (RingCase(s=8, seed=3), RingCase(s=8, h=3, causal=True, seed=4),
+               RingCase(s=16, causal=True, layout="zigzag", seed=5))),)
+#: Only in tests/test_lab07.py (4 ranks cost a launch the notebook's budget has no room for).
+FOUR_RANKS = ((4, (RingCase(s=8, seed=6), RingCase(s=16, causal=True, seed=7),
+                   RingCase(s=16, causal=True, layout="zigzag", seed=8))),)

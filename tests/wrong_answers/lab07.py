@@ -1,0 +1,370 @@
+"""Typical wrong answers to Lab 07's exercises (ring attention, zig-zag split, expert parallelism).
+
+``WRONG`` maps each exercise of ``parlab.grading.lab07.EXERCISES`` to a list of
+(fixture, words the check's message must contain).  Ring attention: partial
+softmaxes merged without rescaling; the causal mask wrong on global
+positions (later chunks attended, or every block masked as if it were the
+diagonal); a send/send deadlock; a backward whose dK/dV never travel back;
+and right numbers reached the wrong way (an all-gather of K/V, compute before
+the send, an input scaled in place).  Expert parallelism: the combine in the
+wrong order, the router's weights not applied, an expert's gradient summed
+over the world, uneven splits assumed equal, and right numbers reached the
+wrong way (tokens all-gathered; the payload sent before the counts).
+tests/test_lab07.py runs every fixture.
+"""
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dnn
+import torch.nn as nn
+import torch.nn.functional as F
+
+from parlab.models.moe import route
+
+
+# ------------------------------------------------ ring attention, with one knob per mistake
+def _scores(q, k, qpos, kpos, causal, mask, scale):
+    s = q @ k.transpose(-1, -2) * scale
+    if not causal:
+        return s
+    if mask == "global":
+        hide = kpos[None, :] > qpos[:, None]
+    elif mask == "future":  # only the diagonal block is masked; later chunks are attended
+        hide = (kpos[None, :] > qpos[:, None]) & (kpos[0] == qpos[0])
+    else:  # "local": a lower triangle on every block, as if each were the diagonal
+        hide = torch.ones(len(qpos), len(kpos), dtype=torch.bool).triu(1)
+    return s.masked_fill(hide, float("-inf"))
+
+
+def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False):
+    class Ring(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, positions, causal):
+            rank, n = dist.get_rank(), dist.get_world_size()
+            scale = q.shape[-1] ** -0.5
+            if in_place:
+                q.mul_(scale)
+                scale_q = 1.0
+            else:
+                scale_q = scale
+            out = torch.zeros_like(q)
+            lse = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
+            kv, total = torch.stack([k, v]), 0
+            for step in range(n):
+                j = (rank - step) % n
+                incoming = torch.empty_like(kv)
+                reqs = []
+                if step < n - 1 and order == "send_first" and not blocking:
+                    reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+                s = _scores(q, kv[0], positions[rank], positions[j], causal, mask, scale_q)
+                b_lse = torch.logsumexp(s, -1, keepdim=True)
+                o_b = torch.exp(s - b_lse.clamp_min(-1e300)) @ kv[1]
+                if merge == "rescale":
+                    new = torch.logaddexp(lse, b_lse)
+                    out = out * torch.exp(lse - new) + o_b * torch.exp(b_lse - new)
+                    lse = new
+                else:  # each block's softmax on its own, averaged over the blocks that saw something
+                    seen = torch.isfinite(b_lse)
+                    out, total = out + torch.where(seen, o_b, 0.0), total + seen.to(q.dtype)
+                    lse = torch.logaddexp(lse, b_lse)
+                if step < n - 1 and blocking:
+                    dist.send(kv, (rank + 1) % n)
+                    dist.recv(incoming, (rank - 1) % n)
+                elif step < n - 1 and order == "compute_first":
+                    reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+                for r in reqs:
+                    r.wait()
+                if step < n - 1:
+                    kv = incoming
+            if merge != "rescale":
+                out = out / total
+            ctx.save_for_backward(q, k, v, out, lse, positions)
+            ctx.causal, ctx.scale, ctx.dq_factor = causal, scale_q, scale if in_place else 1.0
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v, out, lse, positions = ctx.saved_tensors
+            rank, n = dist.get_rank(), dist.get_world_size()
+            delta = (dout * out).sum(-1, keepdim=True)
+            dq = torch.zeros_like(q)
+            held = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
+            for step in range(n):
+                j = (rank - step) % n
+                s = _scores(q, held[0], positions[rank], positions[j], ctx.causal, mask, ctx.scale)
+                p = torch.exp(s - lse)
+                ds = p * (dout @ held[1].transpose(-1, -2) - delta)
+                dq = dq + ds @ held[0] * ctx.scale
+                held = torch.cat([held[:2], held[2:] + torch.stack(
+                    [ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout])])
+                send = held if step < n - 1 else held[2:].contiguous()
+                incoming = torch.empty_like(send)
+                for r in [dist.isend(send, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]:
+                    r.wait()
+                held = incoming
+            return dq * ctx.dq_factor, held[0], held[1], None, None
+
+    def ring_attention(q, k, v, positions, causal=False):
+        return Ring.apply(q, k, v, positions, causal)
+    return ring_attention
+
+
+def ring_no_rescale(q, k, v, positions, causal=False):
+    """Each block's softmax normalised on its own and the blocks averaged: no running-max rescaling."""
+    return _ring(merge="mean")(q, k, v, positions, causal)
+
+
+def ring_mask_future_chunks(q, k, v, positions, causal=False):
+    """Masks only the diagonal block: chunks after a query's own are attended."""
+    return _ring(mask="future")(q, k, v, positions, causal)
+
+
+def ring_mask_every_block_local(q, k, v, positions, causal=False):
+    """A lower triangle on every block, as if each block were the diagonal one."""
+    return _ring(mask="local")(q, k, v, positions, causal)
+
+
+def ring_send_send_deadlock(q, k, v, positions, causal=False):
+    """Every rank calls a blocking dist.send first, then dist.recv."""
+    return _ring(blocking=True)(q, k, v, positions, causal)
+
+
+def ring_dkdv_stay_home(q, k, v, positions, causal=False):
+    """Backward keeps dK, dV of its own chunk from its own queries only: nothing travels back."""
+    return _StayHome.apply(q, k, v, positions, causal)
+
+
+class _StayHome(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, positions, causal):
+        ctx.causal = causal
+        with torch.enable_grad():
+            q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+            out = _ring()(q2, k2, v2, positions, causal)  # the correct forward (and its backward ring)
+        ctx.save_for_backward(q2, k2, v2, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        q2, k2, v2, out = ctx.saved_tensors
+        dq, = torch.autograd.grad(out, [q2], dout, retain_graph=True)
+        scale = q2.shape[-1] ** -0.5
+        s = q2 @ k2.transpose(-1, -2) * scale
+        if ctx.causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        p = F.softmax(s, -1)  # the local block alone, normalised locally
+        dv = p.transpose(-1, -2) @ dout
+        ds = p * (dout @ v2.transpose(-1, -2) - (dout * (p @ v2)).sum(-1, keepdim=True))
+        return dq, ds.transpose(-1, -2) @ q2 * scale, dv, None, None
+
+
+def ring_all_gather(q, k, v, positions, causal=False):
+    """All-gathers every rank's K and V, then attends locally: right numbers, no ring."""
+    n = dist.get_world_size()
+    ks, vs = dnn.all_gather(k.contiguous()), dnn.all_gather(v.contiguous())
+    order = positions.reshape(-1).argsort()
+    k_all, v_all = torch.cat(ks, -2)[..., order, :], torch.cat(vs, -2)[..., order, :]
+    qpos = positions[dist.get_rank()]
+    s = q @ k_all.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if causal:
+        s = s.masked_fill(torch.arange(k_all.shape[-2])[None, :] > qpos[:, None], float("-inf"))
+    return F.softmax(s, -1) @ v_all
+
+
+def ring_compute_then_send(q, k, v, positions, causal=False):
+    """Computes on the chunk it holds, and only then sends it on: no overlap."""
+    return _ring(order="compute_first")(q, k, v, positions, causal)
+
+
+def ring_scales_q_in_place(q, k, v, positions, causal=False):
+    """Scales q in place before the ring (the gradients allow for it, so only the input is wrong)."""
+    return _ring(in_place=True)(q, k, v, positions, causal)
+
+
+# ------------------------------------------------ zig-zag
+def zigzag_contiguous(s, c):
+    """The plain split, not the zig-zag one."""
+    if s % (2 * c):
+        raise ValueError(f"sequence length {s} is not divisible by 2c = {2 * c}")
+    return torch.arange(s).view(c, s // c)
+
+
+def zigzag_no_check(s, c):
+    """Right when the length divides, but an uneven length is cut silently."""
+    half = s // (2 * c)
+    return torch.stack([torch.cat([torch.arange(r * half, (r + 1) * half),
+                                   torch.arange((2 * c - 1 - r) * half, (2 * c - r) * half)]) for r in range(c)])
+
+
+# ------------------------------------------------ expert parallelism, with one knob per mistake
+class _A2A(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, send, recv):
+        ctx.send, ctx.recv = send, recv
+        out = x.new_empty((sum(recv) if recv is not None else x.shape[0],) + x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), recv, send)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        back = g.new_empty((sum(ctx.send) if ctx.send is not None else g.shape[0],) + g.shape[1:])
+        dist.all_to_all_single(back, g.contiguous(), ctx.send, ctx.recv)
+        return back, None, None
+
+
+class _Sum(torch.autograd.Function):
+    """Identity in forward; all-reduces the gradient (applied to an expert's weights: the mistake)."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g)
+        return g
+
+
+class _Owner(nn.Module):
+    """Keeps the router and this rank's experts (correct; the mistakes are in the subclasses' forward)."""
+
+    def __init__(self, moe, group=None):
+        super().__init__()
+        n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.n, self.per, self.k, self.cf = n, moe.n_experts // n, moe.top_k, moe.capacity_factor
+        self.router = copy.deepcopy(moe.router)
+        self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e])
+                                     for e in range(self.rank * self.per, (self.rank + 1) * self.per))
+
+
+def _ep(combine="right", weighted=True, sum_grads=False, equal_splits=False):
+    class EP(_Owner):
+        def _expert(self, i, rows):
+            m = self.experts[i]
+            if not sum_grads:
+                return m(rows)
+            h = F.gelu(F.linear(rows, _Sum.apply(m.up.weight), m.up.bias))
+            return F.linear(h, _Sum.apply(m.down.weight), m.down.bias)
+
+        def forward(self, x):
+            expert, weight, kept = route(self.router, x, self.k, self.cf)
+            flat = kept.reshape(-1)
+            token = torch.arange(x.shape[0]).repeat_interleave(self.k)[flat]
+            chosen, w = expert.reshape(-1)[flat], weight.reshape(-1)[flat]
+            order = torch.argsort(chosen, stable=True)
+            token, chosen, w = token[order], chosen[order], w[order]
+            counts = torch.bincount(chosen, minlength=self.n * self.per)
+            got = torch.empty_like(counts)
+            dist.all_to_all_single(got, counts)
+            send = counts.view(self.n, self.per).sum(1).tolist()
+            recv = got.view(self.n, self.per).sum(1).tolist()
+            if equal_splits:
+                arrived = _A2A.apply(x[token], None, None)
+            else:
+                arrived = _A2A.apply(x[token], send, recv)
+            local = torch.arange(self.per).repeat(self.n).repeat_interleave(got)
+            if equal_splits:
+                local = local[:arrived.shape[0]]
+                local = torch.cat([local, local.new_zeros(arrived.shape[0] - local.shape[0])])
+            done = 0 * arrived
+            for i in range(self.per):
+                rows = torch.nonzero(local == i).squeeze(1)
+                if rows.numel():
+                    done = done.index_add(0, rows, self._expert(i, arrived[rows]))
+            back = _A2A.apply(done, None, None) if equal_splits else _A2A.apply(done, recv, send)
+            if weighted:
+                back = back * w[:, None]
+            if combine == "sorted":  # results added to tokens in the sorted order, not undone
+                token = token.sort().values
+            return torch.zeros_like(x).index_add(0, token, back)
+    return EP
+
+
+EPCombineWrongOrder = _ep(combine="sorted")
+EPCombineWrongOrder.__name__ = EPCombineWrongOrder.__qualname__ = "EPCombineWrongOrder"
+EPCombineWrongOrder.__doc__ = "Adds the results back in the dispatch's sorted order, not at their tokens."
+EPWeightsNotApplied = _ep(weighted=False)
+EPWeightsNotApplied.__name__ = EPWeightsNotApplied.__qualname__ = "EPWeightsNotApplied"
+EPWeightsNotApplied.__doc__ = "Sums the experts' results without the router's weights."
+EPExpertGradAllReduced = _ep(sum_grads=True)
+EPExpertGradAllReduced.__name__ = EPExpertGradAllReduced.__qualname__ = "EPExpertGradAllReduced"
+EPExpertGradAllReduced.__doc__ = "All-reduces each expert's weight gradient over the world."
+EPEqualSplits = _ep(equal_splits=True)
+EPEqualSplits.__name__ = EPEqualSplits.__qualname__ = "EPEqualSplits"
+EPEqualSplits.__doc__ = "Calls the payload's all-to-all without split sizes: equal splits assumed."
+
+
+class EPAllGather(_Owner):
+    """Every rank all-gathers every token, runs its experts on those routed to them, and the
+    outputs are all-reduced: right numbers, every token sent everywhere."""
+
+    def forward(self, x):
+        parts = dnn.all_gather(x)
+        outs = []
+        for xs in parts:
+            e, w, kept = route(self.router, xs, self.k, self.cf)
+            out = 0 * xs
+            for i, m in enumerate(self.experts):
+                t, slot = torch.nonzero((e == self.rank * self.per + i) & kept, as_tuple=True)
+                if t.numel():
+                    out = out.index_add(0, t, w[t, slot, None] * m(xs[t]))
+            outs.append(out)
+        return dnn.all_reduce(torch.stack(outs))[self.rank]
+
+
+class EPPayloadBeforeCounts(_Owner):
+    """Pads every rank's payload to T·k rows per destination, sends it, and only then the counts."""
+
+    def forward(self, x):
+        e, w, kept = route(self.router, x, self.k, self.cf)
+        rows = x.shape[0] * self.k
+        slots, pads, metas = [], [], []
+        for dst in range(self.n):
+            t, slot = torch.nonzero((e // self.per == dst) & kept, as_tuple=True)
+            pad = x.new_zeros(rows, x.shape[1])
+            pads.append(pad.index_copy(0, torch.arange(t.numel()), x[t]))
+            slots.append((t, slot))
+            metas.append(torch.cat([e[t, slot] % self.per, t.new_full((rows - t.numel(),), -1)]))
+        arrived = _A2A.apply(torch.cat(pads), None, None)
+        meta = torch.empty(self.n * rows, dtype=torch.long)
+        dist.all_to_all_single(meta, torch.cat(metas))  # the counts (as expert ids) after the payload
+        done = 0 * arrived
+        for i, m in enumerate(self.experts):
+            r = torch.nonzero(meta == i).squeeze(1)
+            if r.numel():
+                done = done.index_add(0, r, m(arrived[r]))
+        back = _A2A.apply(done, None, None).view(self.n, rows, -1)
+        out = 0 * x
+        for dst, (t, slot) in enumerate(slots):
+            out = out.index_add(0, t, w[t, slot, None] * back[dst, :t.numel()])
+        return out
+
+
+#: Graded alone, with a short timeout: a hang would stop every answer sharing its launch.
+DEADLOCK = (ring_send_send_deadlock, "blocking dist.send")
+
+WRONG = {
+    "ring": [
+        (ring_no_rescale, "rescaling"),
+        (ring_mask_future_chunks, "causal mask is wrong"),
+        (ring_mask_every_block_local, "causal mask is wrong"),
+        (ring_dkdv_stay_home, "travel around the ring"),
+        (ring_all_gather, "point-to-point messages only"),
+        (ring_compute_then_send, "computed attention before posting any send"),
+        (ring_scales_q_in_place, "in place"),
+    ],
+    "zigzag": [
+        (zigzag_contiguous, "plain contiguous split"),
+        (zigzag_no_check, "raise a ValueError"),
+    ],
+    "experts": [
+        (EPCombineWrongOrder, "combine is in the wrong order"),
+        (EPWeightsNotApplied, "router's weights are not applied"),
+        (EPExpertGradAllReduced, "must not be summed (all-reduced)"),
+        (EPEqualSplits, "uneven splits were assumed equal"),
+        (EPAllGather, "tokens travel by all-to-all"),
+        (EPPayloadBeforeCounts, "exchange the per-rank counts first"),
+    ],
+}
