@@ -319,7 +319,10 @@ def test_doctor_reports_and_exits_zero():
 
 
 LAUNCHING_SCRIPT = """
-import sys, parlab
+import signal, sys, parlab
+# A kernel handles SIGINT (the stop button) even when this test runs from a shell that
+# started it in the background, where SIGINT arrives ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import test_launcher as t
 parlab.launch(t.sleep_forever, args=({pids!r},), nproc=2, timeout=200)

@@ -96,7 +96,10 @@ def test_a_job_that_reaches_its_time_limit_is_a_worker_error_saying_so():
 # ----------------------------------------------------------------- notebook kernels
 
 KERNEL = """
-import os, sys, time, parlab
+import os, signal, sys, time, parlab
+# A kernel handles SIGINT (the stop button) even when this test runs from a shell that
+# started it in the background, where SIGINT arrives ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def work(path, seconds):
     import os, time
