@@ -159,8 +159,8 @@ def fsdp2_loop(model, blocks):
     fully_shard(model)
 
 
-def fsdp2_mesh_no_reshard(model, blocks):
-    """An explicit 1-D mesh, reshard_after_forward=False, the blocks found by type, returns the model."""
+def fsdp2_mesh_explicit_defaults(model, blocks):
+    """An explicit 1-D mesh, the default resharding spelled out, the blocks found by type, returns the model."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -169,18 +169,44 @@ def fsdp2_mesh_no_reshard(model, blocks):
     mesh = init_device_mesh(parlab.device().type, (dist.get_world_size(),))
     for m in model.modules():
         if isinstance(m, Block):
-            fully_shard(m, mesh=mesh, reshard_after_forward=False)
+            fully_shard(m, mesh=mesh, reshard_after_forward=True)
     return fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+
+class zero2_keeps_buffers(zero2_flat):
+    """Keeps a shard-sized gradient buffer and a full-size parameter buffer between steps."""
+
+    def scatter_grads(self):
+        g = self.grads()
+        if not hasattr(self, "mine"):
+            self.mine = torch.empty(self.chunk)
+        dist.reduce_scatter_tensor(self.mine, g)
+        return self.mine / self.n
+
+    def gather(self):
+        if not hasattr(self, "full"):
+            self.full = torch.empty(self.chunk * self.n)
+        dist.all_gather_into_tensor(self.full, self.shard.detach())
+        self.write(self.full)
+
+
+def comm_fraction(n_params, n, stage, bytes_per_elem):
+    """Per collective: (N - 1)/N of Ψ each, two of them, a third (the backward's gather) in stage 3."""
+    from fractions import Fraction
+
+    collectives = 3 if stage == 3 else 2
+    return float(collectives * Fraction(n - 1, n) * Fraction(n_params) * Fraction(bytes_per_elem))
 
 
 CORRECT = {
     "memory": {"memory": memory, "memory_from_bytes_per_param": memory_from_bytes_per_param},
-    "comm": {"comm": comm},
+    "comm": {"comm": comm, "comm_fraction": comm_fraction},
     "zero1": {"zero1_tensor_split": zero1_tensor_split, "zero1_flat": zero1_flat,
               "zero1_per_tensor": zero1_per_tensor},
-    "zero2": {"zero2_flat": zero2_flat, "zero2_list_api": zero2_list_api},
+    "zero2": {"zero2_flat": zero2_flat, "zero2_list_api": zero2_list_api,
+              "zero2_keeps_buffers": zero2_keeps_buffers},
     "zero3": {"zero3_layers": zero3_layers, "zero3_prefetch": zero3_prefetch},
-    "fsdp2": {"fsdp2_loop": fsdp2_loop, "fsdp2_mesh_no_reshard": fsdp2_mesh_no_reshard},
+    "fsdp2": {"fsdp2_loop": fsdp2_loop, "fsdp2_mesh_explicit_defaults": fsdp2_mesh_explicit_defaults},
 }
 
 
@@ -218,3 +244,14 @@ def test_wrong_answers_fail_visible(visible, ex, fixture, words):
 def test_not_a_class():
     with pytest.raises(AssertionError, match="expected your ZeRO1"):
         lab05.check_zero1(None)
+
+
+def test_uneven_shard_hint_fires_on_gloo_wording():
+    """gloo's own size check (an unpadded all-gather) gets the padding hint, as torch's does."""
+    from parlab.grading import lab05_rules
+
+    gloo = "RuntimeError: Check failed: outputShape[0] * worldSize == inputShape[0] (84 vs. 83)"
+    for text in (gloo, "ValueError: output tensor size must be equal to world_size times input"):
+        assert "pad the flat vector" in lab05_rules.frozen_hint(text)
+        assert "pad the flat vector" in lab05_rules.error_hint(text)
+    assert lab05_rules.error_hint("RuntimeError: something else") == ""

@@ -147,6 +147,24 @@ class g_sums_all_gather(_G):
         return torch.stack(parts).sum(0)
 
 
+class f_all_reduces_in_place(_F):
+    """Right numbers, but backward all-reduces the incoming gradient in place and returns it."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class g_all_reduces_in_place(_G):
+    """Right numbers, but forward all-reduces x itself in place and returns it."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        dist.all_reduce(x, group=group)
+        return x
+
+
 # ------------------------------------------------ 2. column- and row-parallel linear
 class column_without_f(_Col):
     """Never calls f: forward is right, but x's gradient is only this rank's part."""
@@ -165,6 +183,15 @@ class column_splits_in_features(nn.Module):
     def forward(self, x):
         n, r = dist.get_world_size(), dist.get_rank()
         return F.linear(_F.apply(x).chunk(n, -1)[r], self.weight, self.bias)
+
+
+class column_shard_is_a_view(_Col):
+    """Keeps a slice of the full weight without copying it: the full weight stays alive."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__(linear, gather_output=gather_output, group=group)
+        size, r = _shard(linear.out_features, "out_features")
+        self.weight = nn.Parameter(linear.weight.detach()[r * size:(r + 1) * size].contiguous())
 
 
 class column_unequal_shards(_Col):
@@ -496,7 +523,23 @@ class sp_gathers_q_k_v_apart(_Sp):
         return x + _Scatter.apply(self.mlp.local(_Gather.apply(self.ln2(x)))) + self.mlp.down.bias
 
 
+class sp_norm_on_gathered(_Sp):
+    """All-gathers the sequence first and runs each LayerNorm on the whole of it: right numbers."""
+
+    def forward(self, x):
+        a = self.attn
+        x = x + _Scatter.apply(self.attn_local(self.ln1(_Gather.apply(x)))) + a.o.bias
+        return x + _Scatter.apply(self.mlp.local(self.ln2(_Gather.apply(x)))) + self.mlp.down.bias
+
+
 # ------------------------------------------------ 6. the byte formula
+def bytes_from_cost(b, s, h, t, k=2):
+    """Right numbers, from the check's own reference (parlab.cost) instead of a formula."""
+    from parlab import cost
+
+    return cost.comm_bytes(cost.tp_comm_elems_per_layer(b, s, h, t), k)
+
+
 def bytes_forward_only(b, s, h, t, k=2):
     """Counts the two all-reduces of forward only."""
     return 4 * b * s * h * (t - 1) / t * k
@@ -518,28 +561,33 @@ def bytes_elements(b, s, h, t, k=2):
 
 WRONG = {
     "f": [(f_is_g, "did you swap f and g"), (f_no_backward_all_reduce, "missing in backward"),
-          (f_ignores_group, "pass group=group"), (f_sums_all_gather, "called dist.all_gather")],
+          (f_ignores_group, "pass group=group"), (f_sums_all_gather, "called dist.all_gather"),
+          (f_all_reduces_in_place, "modified the upstream gradient in place")],
     "g": [(g_is_f, "missing in forward"), (g_all_reduces_backward_too, "g's backward is the identity"),
-          (g_sums_all_gather, "called dist.all_gather")],
+          (g_sums_all_gather, "called dist.all_gather"),
+          (g_all_reduces_in_place, "modified its input x in place")],
     "column": [(column_without_f, "(f's backward) is missing"),
                (column_splits_in_features, "split the wrong dimension"),
-               (column_unequal_shards, "divisible by the number of ranks"),
+               (column_unequal_shards, "names both numbers"),
+               (column_shard_is_a_view, "is a view into a larger tensor"),
                (column_gathers_weight, "No all-gather of the full weight"),
                (column_keeps_full_weight, "the full layer has")],
     "row": [(row_bias_on_every_rank, "Add the bias once, after the all-reduce"),
             (row_uses_f_not_g, "the all-reduce in forward (g) is missing"),
             (row_splits_out_features, "split the wrong dimension"),
-            (row_unequal_shards, "divisible by the number of ranks"),
+            (row_unequal_shards, "names both numbers"),
             (row_keeps_full_layer, "the full layer has"),
             (row_sums_all_gather, "one all-reduce in forward, none in backward")],
     "mlp": [(mlp_gathers_between, "one all-reduce in each"), (mlp_without_f, "(f's backward) is missing"),
             (mlp_bias_on_every_rank, "Add the bias once"), (mlp_keeps_full, "the full layer has")],
     "attn": [(attn_heads_not_reshaped, "Reshape each shard"), (attn_slices_every_head, "do not reassemble"),
-             (attn_unequal_heads, "divisible by the number of ranks"),
+             (attn_unequal_heads, "names both numbers"),
              (attn_f_per_projection, "one all-reduce in each"), (attn_keeps_full, "the full layer has")],
     "sp": [(sp_without_gather, "attention ran without the other positions"),
            (sp_all_reduce_then_slice, "called dist.all_reduce"),
-           (sp_gathers_q_k_v_apart, "once for q, k and v together")],
+           (sp_gathers_q_k_v_apart, "once for q, k and v together"),
+           (sp_norm_on_gathered, "ran a LayerNorm on")],
     "bytes": [(bytes_forward_only, "count backward"), (bytes_no_ring_factor, "(t − 1)/t"),
-              (bytes_in_bits, "bits"), (bytes_elements, "bytes_per_element")],
+              (bytes_in_bits, "bits"), (bytes_elements, "bytes_per_element"),
+              (bytes_from_cost, "parlab.cost.tp_comm_elems_per_layer")],
 }

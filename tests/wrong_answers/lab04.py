@@ -73,8 +73,9 @@ def _gpipe(stage, micro_batches, shape, *, divide=True, zero_between=False, loss
 
 
 def _one_f_one_b(stage, micro_batches, shape, *, warmup=None, blocking=False, divide=True,
-                 retain=False):
-    """1F1B with isend for every message, with switches for the mistakes below."""
+                 retain=False, keep=False, last=None):
+    """1F1B with isend for every message, with switches for the mistakes below (and ``last``, a
+    list that keeps the micro-batch of the latest backward alive until the next one)."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), len(micro_batches)
     pending, held, losses = [], {}, []
 
@@ -89,7 +90,9 @@ def _one_f_one_b(stage, micro_batches, shape, *, warmup=None, blocking=False, di
         held[i] = _forward_mb(stage, x, y, shape, m, losses, send, divide)
 
     def backward(i):
-        inp, out = held[i] if retain else held.pop(i)
+        inp, out = held[i] if retain or keep else held.pop(i)
+        if last is not None:
+            last[:] = [inp, out]
         grad = None if stage.is_last else _recv(shape, rank + 1)
         out.backward(grad, retain_graph=retain)
         if not stage.is_first:
@@ -262,6 +265,11 @@ def _p2p(sends=(), recvs=()):
             req.wait()
 
 
+def ofob_keeps_latest(stage, micro_batches, shape):
+    """Keeps the latest finished micro-batch in a variable until the next backward replaces it."""
+    return _one_f_one_b(stage, micro_batches, shape, last=[])
+
+
 def ofob_megatron_pairs(stage, micro_batches, shape):
     """Megatron-LM's structure: in the steady phase, send-forward is paired with recv-backward
     and send-backward with recv-forward in one dist.batch_isend_irecv each."""
@@ -342,6 +350,11 @@ def ofob_retain_graph(stage, micro_batches, shape):
     return _one_f_one_b(stage, micro_batches, shape, retain=True)
 
 
+def ofob_keeps_references(stage, micro_batches, shape):
+    """Right order and no retain_graph, but every micro-batch's (input, output) stays in its dict."""
+    return _one_f_one_b(stage, micro_batches, shape, keep=True)
+
+
 def ofob_loss_not_divided(stage, micro_batches, shape):
     return _one_f_one_b(stage, micro_batches, shape, divide=False)
 
@@ -380,6 +393,22 @@ def bubble_by_events(spans):
             depth, last = depth + d, t
         idle += (t1 - t0 - busy_time) / (t1 - t0)
     return idle / len(ranks)
+
+
+def bubble_any_span_window(spans):
+    """The window from the first to the last span of any kind, sends and receives included."""
+    busy = [s for s in spans if s.name in _BUSY]
+    t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
+    ranks = sorted({s.rank for s in busy})
+    return sum(1 - _covered([(s.start, s.end) for s in busy if s.rank == r]) / (t1 - t0)
+               for r in ranks) / len(ranks)
+
+
+def predict_from_cost(p, m, schedule, rank, mb_bytes):
+    """Right numbers, from the check's own reference (parlab.cost) instead of a formula."""
+    from parlab import cost
+
+    return cost.bubble_fraction(p, m, schedule), cost.activations_held(p, m, schedule, rank) * mb_bytes
 
 
 def bubble_own_window(spans):
@@ -458,7 +487,8 @@ def predict_counts_not_bytes(p, m, schedule, rank, mb_bytes):
 CORRECT = {
     "single": {"single_isend_irecv": single_isend_irecv, "single_batch_p2p": single_batch_p2p},
     "gpipe": {"gpipe_blocking": gpipe_blocking, "gpipe_reverse_backward": gpipe_reverse_backward},
-    "1f1b": {"ofob_isend": ofob_isend, "ofob_megatron_pairs": ofob_megatron_pairs},
+    "1f1b": {"ofob_isend": ofob_isend, "ofob_megatron_pairs": ofob_megatron_pairs,
+             "ofob_keeps_latest": ofob_keeps_latest},
     "bubble": {"bubble_by_events": bubble_by_events},
     "prediction": {"predict_with_min": predict_with_min},
 }
@@ -478,13 +508,16 @@ WRONG = {
              (ofob_warmup_p_minus_r, "warm-up forwards"),
              (ofob_warmup_same_everywhere, "warm-up forwards"),
              (ofob_retain_graph, "retain_graph"),
+             (ofob_keeps_references, "whose backward had already run"),
              (ofob_loss_not_divided, "Divide each micro-batch's loss by m")],
     "bubble": [(bubble_own_window, "SAME window"), (bubble_counts_comm, "send and recv"),
                (bubble_sums_durations, "union"), (bubble_megatron, "Megatron's ratio"),
-               (bubble_per_stage, "return ONE number")],
+               (bubble_per_stage, "return ONE number"),
+               (bubble_any_span_window, "over the compute spans only")],
     "prediction": [(predict_megatron, "Megatron's definition"), (predict_1f1b_no_bubble, "keeps GPipe's bubble"),
                    (predict_held_p_everywhere, "p only on stage 0"), (predict_warmup_only, "warm-up forwards only"),
-                   (predict_counts_not_bytes, "multiply by mb_bytes")],
+                   (predict_counts_not_bytes, "multiply by mb_bytes"),
+                   (predict_from_cost, "parlab.cost.bubble_fraction")],
 }
 
 #: Run alone: hangs until the process-group timeout.

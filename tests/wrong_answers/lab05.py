@@ -100,6 +100,13 @@ class zero1_no_all_gather(_Flat):
         self.write(flat)
 
 
+class zero1_never_writes_back(_Flat):
+    """Steps its shard, but never gathers or writes the updated shards into the model."""
+
+    def gather(self):
+        pass
+
+
 class zero1_summed(_Flat):
     """Reduce-scatters the gradients but never divides by world_size."""
 
@@ -176,12 +183,30 @@ class zero2_zero_fills_frozen(_ZeroFilled):
             p.grad = None
 
 
+class zero2_keeps_flat_buffer(_Flat):
+    """Reduce-scatters from a full-size flat gradient buffer that it keeps between steps."""
+
+    def step(self):
+        if not hasattr(self, "flat"):
+            self.flat = torch.zeros(self.chunk * self.n)
+        self.flat.zero_()
+        self.flat[: self.numel] = torch.cat([p.grad.reshape(-1) for p in self.params])
+        for p in self.params:
+            p.grad = None
+        mine = torch.empty(self.chunk)
+        dist.reduce_scatter_tensor(mine, self.flat)
+        self.shard.grad = mine / self.n
+        self.opt.step()
+        self.gather()
+
+
 # ------------------------------------------------------------ exercise 5: ZeRO-3
 class _Layers:
     """One padded flat buffer per layer; params are views of it; storage resized to 0 when freed."""
 
     regather = True
     free_after_forward = True
+    free_grads = True
     divide = True
 
     def __init__(self, layers, make_optimizer):
@@ -234,7 +259,8 @@ class _Layers:
         g = torch.zeros(u["chunk"] * self.n)
         g[: u["numel"]] = torch.cat([p.grad.reshape(-1) for p in u["params"]])
         for p in u["params"]:
-            p.grad = None
+            if self.free_grads:
+                p.grad = None
         mine = self.reduce(u, g)
         u["shard"].grad = mine / self.n if self.divide else mine
         if self.free_after_forward:
@@ -276,6 +302,23 @@ class zero3_summed(_Layers):
     divide = False
 
 
+class zero3_keeps_full_grads(_Layers):
+    """Reduce-scatters each layer's gradients into its shard, but leaves p.grad on the parameters."""
+
+    free_grads = False
+
+
+class zero3_kept_after_backward(_Layers):
+    """Frees each layer after its forward, but keeps it gathered after its backward."""
+
+    def grad_ready(self, u):
+        self.free_after_forward = False
+        try:
+            super().grad_ready(u)
+        finally:
+            self.free_after_forward = True
+
+
 # ------------------------------------------------------------ exercises 1 and 2: predictions
 def memory_no_master(n_params, n, stage):
     """Counts Adam as 8 bytes (momentum + variance) and forgets the fp32 master weights."""
@@ -297,6 +340,19 @@ def comm_asymptote(n_params, n, stage, bytes_per_elem):
 def comm_stage3_like_dp(n_params, n, stage, bytes_per_elem):
     """Forgets the second all-gather (in backward) under stage 3."""
     return 2 * (n - 1) / n * n_params * bytes_per_elem
+
+
+def comm_zero1_all_reduce(n_params, n, stage, bytes_per_elem):
+    """Counts stages 1 and 2 as Exercise 3's ZeRO1 runs: an all-reduce, then an all-gather."""
+    k = 2 if stage == 0 else 3
+    return k * (n - 1) / n * n_params * bytes_per_elem
+
+
+def memory_from_cost(n_params, n, stage):
+    """Right numbers, taken from the check's own reference instead of a formula."""
+    from parlab.cost import zero_memory_per_gpu
+
+    return zero_memory_per_gpu(n_params, n, stage)
 
 
 # ------------------------------------------------------------ exercise 6: FSDP2
@@ -345,25 +401,54 @@ def fsdp2_summed(model, blocks):
             m.set_gradient_divide_factor(1.0)
 
 
+def fsdp2_no_reshard(model, blocks):
+    """Keeps every unit gathered from forward to backward: not the default options."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False)
+
+
+def fsdp2_every_linear(model, blocks):
+    """Wraps every Linear as its own unit, then the blocks and the root: too many units."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        for m in block.modules():
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m)
+        fully_shard(block)
+    fully_shard(model)
+
+
 WRONG = {
-    "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's")],
-    "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice")],
+    "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's"),
+               (memory_from_cost, "parlab.cost.zero_memory_per_gpu")],
+    "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice"),
+             (comm_zero1_all_reduce, "as Exercise 3's ZeRO1 runs it")],
     "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
               (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged"),
+              (zero1_never_writes_back, "never written back"),
               (zero1_crashes_on_frozen, "shard only the parameters with p.requires_grad"),
               (zero1_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
               (zero1_writes_every_param, "never write into the frozen ones")],
     "zero2": [(zero2_all_reduce, "no `dist.all_reduce`"), (zero2_keeps_grads, "still hold gradients"),
               (zero2_summed, "not averaged"),
-              (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay")],
+              (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
+              (zero2_keeps_flat_buffer, "the size of the whole gradient")],
     "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
-              (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged")],
+              (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged"),
+              (zero3_keeps_full_grads, "still hold their full gradients"),
+              (zero3_kept_after_backward, "after the backward of step")],
     "fsdp2": [(fsdp2_root_only, "only the root is wrapped"),
               (fsdp2_blocks_grouped, "not each their own unit"),
               (fsdp2_blocks_only, "fully_shard on the root"),
               (fsdp2_root_first, "blocks first and the root last"),
-              (fsdp2_summed, "not averaged")],
+              (fsdp2_summed, "not averaged"),
+              (fsdp2_no_reshard, "reshard_after_forward=False"),
+              (fsdp2_every_linear, "too many units")],
 }
 

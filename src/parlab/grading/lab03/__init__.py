@@ -26,15 +26,18 @@ the graders, hints and rules.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ... import check
 from ..harness import Exercise, Rule, checker
 from .cases import Case, _dy_seed, _INPUT_SPLIT, _layer_input, _mine, _output_split, _split_map, \
     _tensor, _upstream, reference, reference_module
-from .rules import (SHARDS_SAYS, _column_comm, _fg_rule, _grade_bytes, _grade_fg, _grade_layer,
-                          _grade_with_uneven, _one_each, _shape_error, _shards_only, _sp_comm, _sp_counts,
-                          _uneven_raises, _uneven_says)
+from ..calls import NO_COST_SAYS, no_cost_calls, watched_cost_call
+from .rules import (SHARDS_SAYS, _column_comm, _fg_rule, _grade_bytes, _grade_fg,
+                          _grade_layer, _grade_with_uneven, _inplace, _local_norm, _one_each,
+                          _shape_error, _shards_only, _sp_comm, _sp_counts, _uneven_raises, _uneven_says)
 
 __all__ = ["check_f", "check_g", "check_column", "check_row", "check_mlp", "check_attention",
            "check_sequence_parallel", "check_tp_bytes", "Case", "EXERCISES", "reference_module"]
@@ -96,8 +99,10 @@ def _run_fg(cls, case: Case, i: int, spy) -> dict:
     group = _group(case)
     x = _tensor(case.shape, 10 * case.seed + rank).to(device()).requires_grad_()
     dy = _tensor(case.shape, _dy_seed(case, rank)).to(device())
+    inp = x * 1  # a non-leaf input, as inside a model
+    spy.guard(x=inp, dy=dy)
     with spy.watch():
-        y = cls.apply(x * 1, group)  # x * 1: a non-leaf input, as inside a model
+        y = cls.apply(inp, group)
         spy.note("backward")
         if isinstance(y, torch.Tensor) and y.requires_grad:
             y.backward(dy)
@@ -122,19 +127,45 @@ def _run_layer(cls, case: Case, i: int, spy) -> dict:
         spy.note("uneven", raised=None, shapes={k: list(p.shape) for k, p in layer.named_parameters()})
         return {"raised": False}
     x = _mine(_layer_input(case), _INPUT_SPLIT.get(case.kind), rank, n).to(device()).requires_grad_()
-    with spy.watch():
+    dy = _mine(_upstream(case), _output_split(case), rank, n).to(device())
+    norms: list = []
+    with spy.watch(), _layer_norm_inputs(norms if case.kind == "sp" else None):
         layer = cls(full, **kwargs)
         params = dict(layer.named_parameters())
-        spy.note("built", numel=sum(p.numel() for p in layer.parameters()))
+        spy.note("built", numel=sum(p.numel() for p in layer.parameters()),
+                 storage={k: [p.numel() * p.element_size(), p.untyped_storage().nbytes()]
+                          for k, p in params.items()})
         y = layer(x)
         if not isinstance(y, torch.Tensor):
             return {"y": repr(y)[:100]}
         spy.note("backward")
-        dy = _mine(_upstream(case), _output_split(case), rank, n).to(device())
         if y.shape == dy.shape and y.requires_grad:
-            (y * dy).sum().backward()
+            (y * dy.detach()).sum().backward()
+    if norms:
+        spy.note("layer_norm", shapes=norms)
     return {"y": _cpu(y), "dx": _cpu(x.grad), "params": {k: _cpu(p) for k, p in params.items()},
             "grads": {k: _cpu(p.grad) for k, p in params.items()}}
+
+
+@contextlib.contextmanager
+def _layer_norm_inputs(shapes: list | None):
+    """Record the input shape of every ``F.layer_norm`` call (``nn.LayerNorm`` makes one)."""
+    import torch.nn.functional as F
+
+    if shapes is None:
+        yield
+        return
+    original = F.layer_norm
+
+    def recorded(inp, *args, **kwargs):
+        shapes.append(list(inp.shape))
+        return original(inp, *args, **kwargs)
+
+    F.layer_norm = recorded
+    try:
+        yield
+    finally:
+        F.layer_norm = original
 
 
 def _settle_layer(result: dict, case: Case, i: int, n: int) -> bool:
@@ -163,10 +194,7 @@ _BYTES_HIDDEN = ((1, ((2, 2048, 8192, 4, 2), (5, 11, 13, 3, 4), (1, 1, 1, 1, 2))
 def _run_bytes(fn, case, i, spy):
     from ..numbers import plain_number
 
-    b, s, h, t, k = case
-    with spy.watch():
-        got = fn(b, s, h, t, k)
-    return plain_number(got)
+    return plain_number(watched_cost_call(spy, fn, *case))
 
 
 # ---------------------------------------------------------------- the exercises
@@ -176,28 +204,32 @@ def _ex(key, answer, run, grade, visible, hidden, rules=(), **kw) -> Exercise:
                     hidden=hidden, rules=rules, timeout=TIMEOUT, kind="class", settle=settle, **kw)
 
 
+_NOT_IN_PLACE_FG = Rule("Do not modify the incoming tensor in place: forward leaves `x` and backward "
+                        "leaves the incoming gradient as they came (all-reduce a copy).", _inplace)
 _HANG = ("every rank of the group must make the same collectives in the same order: is a collective "
          "skipped on some ranks, or made with a different group?")
 
 F_EX = _ex("f", "CopyToParallel", _run_fg, _grade_fg("f"), _FG_VISIBLE, (),
            (Rule("f makes exactly one `dist.all_reduce`, in backward, on `group`; no other collective.",
-                 _fg_rule("f")),), on_hang=_HANG)
+                 _fg_rule("f")), _NOT_IN_PLACE_FG), on_hang=_HANG)
 G_EX = _ex("g", "ReduceFromParallel", _run_fg, _grade_fg("g"), _G_VISIBLE, (),
            (Rule("g makes exactly one `dist.all_reduce`, in forward, on `group`; no other collective.",
-                 _fg_rule("g")),), on_hang=_HANG)
+                 _fg_rule("g")), _NOT_IN_PLACE_FG), on_hang=_HANG)
 COLUMN = _ex("column", "ColumnParallelLinear", _run_layer, _grade_with_uneven("out_features"),
              _COL_VISIBLE, _COL_HIDDEN,
              (Rule(SHARDS_SAYS, _shards_only),
               Rule("No all-gather of the full weight: forward communicates only to gather the output "
                    "(with `gather_output=True`), and backward makes one all-reduce.", _column_comm),
-              Rule(_uneven_says("`out_features`"), _uneven_raises("out_features"))), on_hang=_HANG,
+              Rule(_uneven_says("`out_features`"), _uneven_raises("out_features"))),
+             on_hang=_HANG,
              on_error=_shape_error)
 ROW = _ex("row", "RowParallelLinear", _run_layer, _grade_with_uneven("in_features"),
           _ROW_VISIBLE, _ROW_HIDDEN,
           (Rule(SHARDS_SAYS, _shards_only),
            Rule("Forward makes exactly one all-reduce (of the output); backward makes none.",
                 _one_each(["all_reduce"], [], "one all-reduce in forward, none in backward")),
-           Rule(_uneven_says("`in_features`"), _uneven_raises("in_features"))), on_hang=_HANG,
+           Rule(_uneven_says("`in_features`"), _uneven_raises("in_features"))),
+          on_hang=_HANG,
           on_error=_shape_error)
 _MLP_COMM = Rule("One all-reduce in forward and one in backward, and no other collective (no "
                  "all-gather of the full weight).",
@@ -207,15 +239,19 @@ MLP = _ex("mlp", "ParallelMLP", _run_layer, _grade_layer, _MLP_VISIBLE, _MLP_HID
 ATTENTION = _ex("attn", "ParallelAttention", _run_layer, _grade_with_uneven("n_head"),
                 _ATTN_VISIBLE, _ATTN_HIDDEN,
                 (Rule(SHARDS_SAYS, _shards_only), _MLP_COMM,
-                 Rule(_uneven_says("`n_head`"), _uneven_raises("n_head"))), on_hang=_HANG)
+                 Rule(_uneven_says("`n_head`"), _uneven_raises("n_head"))),
+                on_hang=_HANG)
 SEQUENCE = _ex("sp", "SequenceParallelBlock", _run_layer, _grade_layer, _SP_VISIBLE, _SP_HIDDEN,
                (Rule("No all-reduce: communicate only with all-gathers and reduce-scatters along the "
                      "sequence.", _sp_comm),
                 Rule("Gather once before attention and once before the MLP: two all-gathers and two "
-                     "reduce-scatters in forward, and two of each in backward.", _sp_counts)),
+                     "reduce-scatters in forward, and two of each in backward.", _sp_counts),
+                Rule("Run each LayerNorm on this rank's own T/t positions, before the all-gather: "
+                     "not on the gathered sequence.", _local_norm)),
                on_hang=_HANG)
 BYTES = Exercise(key="lab03.bytes", answer="tp_bytes_per_layer", run=_run_bytes, grade=_grade_bytes,
-                 visible=_BYTES_VISIBLE, hidden=_BYTES_HIDDEN, solo=True)
+                 visible=_BYTES_VISIBLE, hidden=_BYTES_HIDDEN, rules=(Rule(NO_COST_SAYS, no_cost_calls),),
+                 solo=True)
 
 EXERCISES = {"f": F_EX, "g": G_EX, "column": COLUMN, "row": ROW, "mlp": MLP, "attn": ATTENTION,
              "sp": SEQUENCE, "bytes": BYTES}

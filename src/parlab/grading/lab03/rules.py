@@ -233,6 +233,10 @@ def _event(rec: dict, name: str) -> dict | None:
 
 
 def _shards_only(records, case, n):
+    return _shards_count(records, case, n) or _shard_views(records, case, n)
+
+
+def _shards_count(records, case, n):
     if not case.divisible(n):
         return None
     full = sum(p.numel() for p in reference_module(case).parameters())
@@ -247,6 +251,13 @@ def _shards_only(records, case, n):
     return None
 
 
+def _names_both(text: str, features: int, n: int) -> bool:
+    import re
+
+    numbers = re.findall(r"\d+", text)
+    return str(features) in numbers and str(n) in numbers
+
+
 def _uneven_raises(what: str):
     def broken(records, case, n):
         if case.divisible(n):
@@ -257,13 +268,13 @@ def _uneven_raises(what: str):
                 continue
             if seen["raised"] is None:
                 return (f"rank {r} accepted {what} {case.features} on {n} ranks, which does not divide "
-                        f"evenly (its parameters: {seen['shapes']}); raise a ValueError that says "
-                        f"{what} must be divisible by the number of ranks. Unequal shards break the "
-                        "all-gathers of equal pieces and the even split of the work.")
-            if "divisible" not in seen["raised"]:
+                        f"evenly (its parameters: {seen['shapes']}); raise a ValueError whose message "
+                        f"names both numbers ({what} {case.features} and the world size {n}). Unequal "
+                        "shards break the all-gathers of equal pieces and the even split of the work.")
+            if not _names_both(seen["raised"], case.features, n):
                 return (f"rank {r} raised {seen['raised']!r} for {what} {case.features} on {n} ranks: "
-                        "right, but say what is wrong with the word 'divisible' (for example "
-                        "'out_features 10 is not divisible by 4 ranks').")
+                        f"right to refuse, but the message must name both numbers, {what} "
+                        f"({case.features}) and the world size ({n}), so the user sees what to change.")
         return None
     return broken
 
@@ -326,12 +337,40 @@ def _sp_counts(records, case, n):
     return None
 
 
-SHARDS_SAYS = "Keep only this rank's shard of each split weight and bias: no full copy of the layer."
+SHARDS_SAYS = ("Keep only this rank's shard of each split weight and bias: no full copy of the layer, "
+               "and no view into the full weight (copy the slice).")
 
 
 def _uneven_says(what: str) -> str:
-    return (f"If {what} is not divisible by the number of ranks, raise a `ValueError` that says so "
-            "(no unequal shards).")
+    return (f"If {what} is not divisible by the number of ranks, raise a `ValueError` whose message "
+            f"names both numbers ({what} and the world size); no unequal shards.")
+
+
+def _inplace(records, case, n):
+    for r, rec in enumerate(records):
+        if rec["mutated"]:
+            what = " and ".join({"x": "its input x", "dy": "the upstream gradient",
+                                 "grad": "the gradient handed to backward"}.get(m, m)
+                                for m in rec["mutated"])
+            return (f"rank {r} modified {what} in place (an in-place dist.all_reduce on the tensor "
+                    "it was given?). The caller still owns that tensor, and autograd may reuse "
+                    "it: all-reduce a copy (.clone()) and return that.")
+    return None
+
+
+def _shard_views(records, case, n):
+    """A parameter whose storage is larger than itself is a view: the full weight stays alive."""
+    if not case.divisible(n):
+        return None
+    for r, rec in enumerate(records):
+        built = _event(rec, "built")
+        for name, (numel_bytes, storage_bytes) in (built or {}).get("storage", {}).items():
+            if storage_bytes > numel_bytes:
+                return (f"rank {r}'s parameter '{name}' is a view into a larger tensor: its storage "
+                        f"holds {storage_bytes} bytes for a {numel_bytes}-byte shard, so the full "
+                        "weight stays in memory on every rank. Copy the slice (.clone()); note that "
+                        ".contiguous() returns a contiguous slice as it is, still a view.")
+    return None
 
 
 def _grade_with_uneven(what: str):
@@ -374,3 +413,18 @@ def _shape_error(text: str) -> str:
                 "rows (dim 0), a row-parallel layer keeps columns (dim 1) and gets this rank's slice "
                 "of the input features.")
     return ""
+
+
+def _local_norm(records, case, n):
+    """Sequence parallelism: every LayerNorm input holds this rank's T/t positions."""
+    local = case.shape[1] // n
+    for r, rec in enumerate(records):
+        seen = _event(rec, "layer_norm")
+        for shape in (seen or {}).get("shapes", []):
+            if len(shape) == 3 and shape[1] != local:
+                return (f"rank {r} ran a LayerNorm on {shape[1]} positions (input {tuple(shape)}); "
+                        f"its own part of the sequence is T/t = {local}. Normalising the gathered "
+                        "sequence repeats the same work on every rank and holds t times the "
+                        "activations, which is what sequence parallelism removes: run ln1 and ln2 on "
+                        "the local positions, then all-gather their output.")
+    return None

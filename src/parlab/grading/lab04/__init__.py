@@ -27,6 +27,7 @@ from ...parallel.pp_stages import gpt_stage, held_activations
 from ...launch.runtime import device
 from . import graders
 from . import rules
+from ..calls import NO_COST_SAYS, no_cost_calls
 from ..harness import Exercise, Rule, checker
 from .graders import DATA_SEED, INIT_SEED
 
@@ -100,7 +101,9 @@ def _run_schedule(fn, case: Case, i: int, spy, single: bool = False) -> list:
     stage = gpt_stage(case.build(), n, rank).to(device())
     opt = torch.optim.SGD(stage.parameters(), lr=case.lr)
     per_mb = _one_microbatch_bytes(stage, case)
-    stage.register_forward_pre_hook(lambda *_: spy.note("forward"))
+    alive = _Released(spy)
+    stage.register_forward_pre_hook(alive.before_forward)
+    stage.register_forward_hook(alive.after_forward)
     out = []
     for step in range(case.steps):
         micro = [(x.to(device()), y.to(device())) for x, y in case.batches(step)]
@@ -115,6 +118,37 @@ def _run_schedule(fn, case: Case, i: int, spy, single: bool = False) -> list:
         opt.step()
         out.append({"loss": _plain_loss(got), "grads": grads, "params": _flat(p for _, p in named)})
     return out
+
+
+class _Released:
+    """Weak references to each micro-batch's input activation and output on this stage.
+
+    Before each forward the spy notes "forward" with how many micro-batches whose backward has
+    run (the gradient reached their output) are still alive: still referenced by the answer.
+    """
+
+    def __init__(self, spy):
+        self.spy, self.seen = spy, []
+
+    def finished_alive(self) -> int:
+        return sum(1 for refs, done in self.seen if done[0] and any(r() is not None for r in refs))
+
+    def before_forward(self, module, args):
+        self.spy.note("forward", finished_alive=self.finished_alive())
+
+    def after_forward(self, module, args, out):
+        import weakref
+
+        if not isinstance(out, torch.Tensor):
+            return
+        refs = [weakref.ref(out)] + [weakref.ref(a) for a in args
+                                     if isinstance(a, torch.Tensor) and a.requires_grad]
+        done = [False]
+        if out.requires_grad:
+            def reached(grad, done=done):
+                done[0] = True
+            out.register_hook(reached)
+        self.seen.append((refs, done))
 
 
 def _run_single(fn, case, i, spy):
@@ -181,7 +215,10 @@ ONE_F_ONE_B = Exercise(
              "backward, then runs the remaining backwards: one backward per micro-batch.",
              rules.one_f_one_b_order),
         Rule("Stage r never holds the activations of more than min(p − r, m) micro-batches at once.",
-             rules.memory_bound)))
+             rules.memory_bound),
+        Rule("Release each micro-batch after its backward: drop your references to its input and "
+             "output (pop them from your queue), so that at each forward at most one finished "
+             "micro-batch is still referenced (by a loop variable).", rules.released_after_backward)))
 
 
 # ---------------------------------------------------------------- solo exercises
@@ -191,7 +228,8 @@ BUBBLE = Exercise(key="lab04.bubble", answer="measured_bubble", run=graders.run_
 
 PREDICTION = Exercise(key="lab04.prediction", answer="predict_pipeline", run=graders.run_prediction,
                       grade=graders.grade_prediction, visible=graders.PREDICT_VISIBLE,
-                      hidden=graders.PREDICT_HIDDEN, solo=True)
+                      hidden=graders.PREDICT_HIDDEN, rules=(Rule(NO_COST_SAYS, no_cost_calls),),
+                      solo=True)
 
 EXERCISES = {"single": SINGLE, "gpipe": GPIPE, "1f1b": ONE_F_ONE_B, "bubble": BUBBLE,
              "prediction": PREDICTION}

@@ -139,10 +139,17 @@ def grade_schedule(g: Graded) -> str | None:
 
 # ---------------------------------------------------------------- Exercise 4: the bubble
 def _spans(p: int, m: int, schedule: str, v: int = 1, forward: float = 1.0, backward: float = 2.0,
-           comm: float = 0.0, jitter: float = 0.0, seed: int = 0) -> tuple:
-    """A span set as plain dicts: an ideal timetable, optionally with send/recv spans and jitter."""
+           comm: float = 0.0, jitter: float = 0.0, seed: int = 0, edges: float = 0.0) -> tuple:
+    """A span set as plain dicts: an ideal timetable, optionally with send/recv spans and jitter.
+
+    ``edges`` adds a recv span of that length on stage 0 before the first forward (waiting for
+    the batch) and a send span on the last stage after the last backward, so that a window taken
+    over spans of any kind is longer than the compute's.
+    """
     rng = random.Random(seed)
     out = []
+    if edges:
+        out.append({"name": "recv", "rank": 0, "start": -edges, "end": 0.0})
     for sp in ideal_schedule(p, m, schedule, v, forward, backward):
         a = sp["start"] + rng.uniform(0, jitter)
         b = max(a + 0.05, sp["end"] + rng.uniform(-jitter / 2, jitter / 2))
@@ -151,6 +158,9 @@ def _spans(p: int, m: int, schedule: str, v: int = 1, forward: float = 1.0, back
             out.append({"name": "send", "rank": sp["rank"], "start": b, "end": b + comm})
         if comm and sp["kind"] == "forward" and sp["rank"] > 0:
             out.append({"name": "recv", "rank": sp["rank"], "start": max(0.0, a - comm), "end": a})
+    if edges:
+        end = max(d["end"] for d in out)
+        out.append({"name": "send", "rank": p - 1, "start": end, "end": end + edges})
     return tuple(tuple(sorted(d.items())) for d in out)
 
 
@@ -163,9 +173,10 @@ def _overlapping(seed: int) -> tuple:
     return tuple(tuple(sorted(d.items())) for d in base)
 
 
-BUBBLE_VISIBLE = ((1, (_spans(4, 4, "gpipe"), _spans(2, 3, "1f1b", comm=0.2),
+BUBBLE_VISIBLE = ((1, (_spans(4, 4, "gpipe"), _spans(2, 3, "1f1b", comm=0.2, edges=0.5),
                        _spans(4, 6, "1f1b", jitter=0.4, seed=1), _overlapping(2))),)
-BUBBLE_HIDDEN = ((1, (_spans(4, 8, "interleaved", v=2), _spans(3, 5, "gpipe", comm=0.1, jitter=0.3, seed=3),
+BUBBLE_HIDDEN = ((1, (_spans(4, 8, "interleaved", v=2),
+                      _spans(3, 5, "gpipe", comm=0.1, jitter=0.3, seed=3, edges=0.7),
                       _spans(4, 1, "gpipe"), _overlapping(4))),)
 
 
@@ -198,9 +209,15 @@ def _alternatives(spans) -> list[tuple[float, str]]:
     idle = [(t1 - t0) - sum(_union(rows[r])) for r in ranks]
     with_comm = trace.bubble_fraction(spans, busy=("forward", "backward", "send", "recv"),
                                       window=(t0, t1))
+    a0, a1 = min(s.start for s in spans), max(s.end for s in spans)
+    any_kind = trace.bubble_fraction(spans, window=(a0, a1)) if (a0, a1) != (t0, t1) else -1.0
     return [(sum(own) / len(own), "Each stage's idle share must be measured over the SAME window, "
              "from the first stage's first forward to the last backward on any stage, not over "
              "that stage's own first and last span."),
+            (any_kind, "The window runs from the first forward to the last backward, over the "
+             "compute spans only: a recv before the first forward or a send after the last backward "
+             "is outside the step being measured, so taking the first and last span of any kind "
+             "makes the window too long."),
             (with_comm, "Only forward and backward spans count as busy: time in send and recv is "
              "idle (waiting), the very bubble being measured."),
             (sum(summed) / len(summed), "Spans of one stage can overlap: take the union of its "
@@ -247,8 +264,9 @@ PREDICT_HIDDEN = ((1, ((8, 32, "1f1b", 3, 3 * 2**20), (2, 1, "gpipe", 1, 64), (3
 
 
 def run_prediction(fn, case, i, spy):
-    with spy.watch():
-        got = fn(*case)
+    from ..calls import watched_cost_call
+
+    got = watched_cost_call(spy, fn, *case)
     if isinstance(got, (tuple, list)) and len(got) == 2:
         return [plain_number(v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
                 for v in got]

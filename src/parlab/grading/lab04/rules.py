@@ -125,3 +125,16 @@ def memory_bound(records, case, n):
                         f"each); 1F1B holds at most min(p − r, m) = {allowed}. Free each micro-batch's "
                         "graph with its backward (no retain_graph=True).")
     return None
+
+
+def released_after_backward(records, case, n):
+    """1F1B: before each forward, at most one micro-batch whose backward ran is still referenced."""
+    for r, rec in enumerate(records):
+        for e in rec["events"]:
+            if e["event"] == "forward" and e.get("finished_alive", 0) > 1:
+                return (f"stage {r} still referenced {e['finished_alive']} micro-batches whose "
+                        "backward had already run when it started a forward: their inputs and "
+                        "outputs stay in memory, so the stage holds up to m micro-batches, as in "
+                        "GPipe, although its order of passes is 1F1B's. Pop each micro-batch's "
+                        "input and output from your lists (or set them to None) after its backward.")
+    return None

@@ -35,6 +35,7 @@ from ...cost import zero_comm_elems, zero_memory_per_gpu
 from ...launch.runtime import device
 from . import fsdp
 from . import rules
+from ..calls import NO_COST_SAYS, no_cost_calls, watched_cost_call
 from ..harness import Exercise, Graded, Rule, checker
 from ..numbers import assert_number, plain_number
 
@@ -193,10 +194,11 @@ def _run(stage: int):
             with _watch(spy):
                 loss = nn.functional.mse_loss(model(x), y)
                 loss.backward()
-                if s < case.steps:
-                    obj.step()
+            spy.note("held", **rules.held(model, made, f"backward {s}", obj))
             if s < case.steps:
-                spy.note("held", **rules.held(model, made, f"step {s}"))
+                with _watch(spy):
+                    obj.step()
+                spy.note("held", **rules.held(model, made, f"step {s}", obj))
             for p in model.parameters():
                 p.grad = None
         spy.note("optimizers", optimizers=[rules.optimizer_facts(o) for o in made])
@@ -249,8 +251,7 @@ def _prediction_grader(call: str, want, mistakes, unit: str):
 
 
 def _run_prediction(fn, args, i, spy):
-    with spy.watch():
-        return plain_number(fn(*args))
+    return plain_number(watched_cost_call(spy, fn, *args))
 
 
 def _memory_mistakes(psi, n, stage):
@@ -265,12 +266,32 @@ def _memory_mistakes(psi, n, stage):
 
 def _comm_mistakes(psi, n, stage, b):
     k = 3 if stage == 3 else 2
-    return [(k * psi * b, f"That is the large-N limit {k}Ψ: each rank sends (N − 1)/N of it."),
-            (zero_comm_elems(psi, n, stage) , "Multiply elements by the bytes per element."),
-            (zero_comm_elems(psi, n, 0 if stage == 3 else 3) * b,
-             "Stage 3 gathers the weights twice (forward and backward) and reduce-scatters the "
-             "gradients: 3(N − 1)/N·Ψ; stages 0-2 move 2(N − 1)/N·Ψ.")]
+    right = zero_comm_elems(psi, n, stage) * b
+    first = []
+    if stage in (1, 2):
+        first = [(zero_comm_elems(psi, n, 3) * b,
+                  f"That is 3(N − 1)/N·Ψ, ZeRO-{stage} as Exercise 3's ZeRO1 runs it (an all-reduce, "
+                  "2(N − 1)/N·Ψ, then the all-gather of the updated shards, (N − 1)/N·Ψ). This "
+                  "exercise counts stages 1 and 2 as ZeRO does: a reduce-scatter of the gradients "
+                  "and an all-gather of the parameters, 2(N − 1)/N·Ψ, the same as DP.")]
+    elif stage == 3:
+        first = [(zero_comm_elems(psi, n, 0) * b,
+                  "That is 2(N − 1)/N·Ψ, DP's traffic: stage 3 gathers the weights twice (forward "
+                  "and backward) and reduce-scatters the gradients, 3(N − 1)/N·Ψ.")]
+    else:
+        first = [(zero_comm_elems(psi, n, 3) * b,
+                  "That is 3(N − 1)/N·Ψ, stage 3's traffic: stage 0 (DP) all-reduces the gradients, "
+                  "2(N − 1)/N·Ψ.")]
+    if n > 1:
+        first.append((right * n, f"That is N = {n} times too much: a ring collective sends "
+                                 "(N − 1)/N of the tensor per rank, not (N − 1) times it."))
+    limit = [] if any(abs(v - k * psi * b) <= 1e-9 * abs(v) for v, _ in first) else [
+        (k * psi * b, f"That is the large-N limit {k}Ψ: each rank sends (N − 1)/N of it.")]
+    return [m for m in first + limit + [(right / b, "That is elements: multiply by the bytes per "
+                                                    "element.")] if abs(m[0] - right) > 1e-9 * abs(right)]
 
+
+_NO_COST = Rule(NO_COST_SAYS, no_cost_calls)
 
 MEMORY = Exercise(
     key="lab05.memory", answer="zero_bytes_per_rank", run=_run_prediction,
@@ -279,7 +300,7 @@ MEMORY = Exercise(
                              "bytes"),
     visible=((1, ((7.5e9, 64, 0), (7.5e9, 64, 1), (7.5e9, 64, 2), (7.5e9, 64, 3))),),
     hidden=((1, ((1e6, 4, 1), (70e9, 8, 2), (70e9, 8, 3), (1000, 3, 1), (12345, 1, 3))),),
-    solo=True)
+    rules=(_NO_COST,), solo=True)
 
 COMM = Exercise(
     key="lab05.comm", answer="zero_comm_bytes_per_rank", run=_run_prediction,
@@ -287,9 +308,11 @@ COMM = Exercise(
                              "bytes_per_elem={})",
                              lambda psi, n, st, b: zero_comm_elems(psi, n, st) * b, _comm_mistakes,
                              "bytes"),
-    visible=((1, ((1000, 4, 0, 4), (1000, 4, 2, 4), (1000, 4, 3, 4), (7.5e9, 64, 3, 2))),),
-    hidden=((1, ((999, 3, 1, 2), (70e9, 8, 3, 2), (12, 2, 0, 4), (5, 1, 3, 2))),),
-    solo=True)
+    # Stage 1 at N = 2 and 4 (and 5 hidden), where 3(N − 1)/N differs from 2(N − 1)/N and from 2.
+    visible=((1, ((1000, 4, 0, 4), (1000, 2, 1, 4), (1000, 4, 1, 2), (1000, 4, 2, 4), (1000, 4, 3, 4),
+                  (7.5e9, 64, 3, 2))),),
+    hidden=((1, ((999, 3, 1, 2), (1000, 5, 1, 4), (70e9, 8, 3, 2), (12, 2, 0, 4), (5, 1, 3, 2))),),
+    rules=(_NO_COST,), solo=True)
 
 _TRAIN_VISIBLE = ((3, (Case((4, 6, 5, 3)), Case((5, 4, 4, 2), "adamw"), Case((3, 4, 3, 4, 2)))),)
 _TRAIN_HIDDEN = ((4, (Case((4, 6, 5, 3), steps=3), Case((2, 3, 5, 1), "adamw"),
@@ -306,8 +329,9 @@ _HANG = ("every rank must call the same collectives in the same order with the s
 _MISMATCH = ("all_gather_single/reduce_scatter_single need an output of exactly world_size × the "
              "input's elements: pad the flat vector to ceil(Ψ / N) · N elements.")
 
-_OWN_SHARD = Rule("Hand `make_optimizer` only this rank's shard: at most ceil(Ψ / N) elements, "
-                  "so the optimizer state is sharded too.", rules.optimizer_sharded)
+_OWN_SHARD = Rule("Hand `make_optimizer` only this rank's shard: at most the sum over the parameter "
+                  "tensors of ceil(numel / N) elements (ceil(Ψ / N) for one flat shard), so the "
+                  "optimizer state is sharded too.", rules.optimizer_sharded)
 
 ZERO1 = Exercise(
     key="lab05.zero1", answer="ZeRO1", run=_run(1), grade=_grade_training, kind="class",
@@ -319,8 +343,10 @@ ZERO2 = Exercise(
     visible=_PARAMS_VISIBLE, hidden=_PARAMS_HIDDEN, settle=_settle, timeout=120,
     rules=(_OWN_SHARD,
            Rule("Reduce-scatter the gradients: no `dist.all_reduce`.", rules.no_all_reduce),
-           Rule("After `step()` no parameter of the model keeps its `.grad`: the only gradient a "
-                "rank holds is its shard's.", rules.grads_freed)),
+           Rule("After `step()` no parameter of the model keeps its `.grad`, and your object keeps "
+                "no full-size gradient buffer (at most two shards' worth of tensors besides the "
+                "parameters and the optimizer's state): the only gradient a rank holds is its "
+                "shard's.", rules.grads_freed)),
     on_hang=_HANG, on_mismatch=_MISMATCH, on_error=rules.frozen_hint)
 
 ZERO3 = Exercise(
@@ -332,7 +358,11 @@ ZERO3 = Exercise(
            Rule("Between steps a rank holds only shards: the model's parameters take no memory "
                 "outside a layer's forward and backward.", rules.params_freed_between_steps),
            Rule("All-gather each layer's parameters again in backward, and reduce-scatter its "
-                "gradients there: no `dist.all_reduce`.", rules.regathered_in_backward)),
+                "gradients there: no `dist.all_reduce`.", rules.regathered_in_backward),
+           Rule("After `backward()` the only gradients a rank holds are its shards': no `p.grad` "
+                "on the model's parameters, and no full-size gradient buffer kept (at most two "
+                "shards' worth of tensors besides the parameters and the optimizer's state).",
+                rules.full_grads_freed)),
     on_hang=_HANG, on_mismatch=_MISMATCH,
     on_error=rules.error_hint)
 
@@ -347,7 +377,10 @@ FSDP2 = Exercise(
                  _gpt(vocab_size=37, d_model=12, n_head=3, n_layer=2, seq_len=5, bias=False,
                       tie_weights=False))),),
     rules=(Rule("Call `fully_shard` on each block, then on the root model: the forward makes one "
-                "all-gather per block and one for the root.", fsdp.sharded_per_block),),
+                "all-gather per block and one for the root.", fsdp.sharded_per_block),
+           Rule("Use the default options: each block is freed after its forward and gathered again "
+                "in backward (one all-gather per block in backward), while the root stays gathered.",
+                fsdp.default_resharding)),
     settle=fsdp.settle, timeout=120, on_error=fsdp.error_hint)
 
 EXERCISES = {"memory": MEMORY, "comm": COMM, "zero1": ZERO1, "zero2": ZERO2, "zero3": ZERO3,

@@ -154,12 +154,37 @@ def sharded_per_block(records, case, n) -> str | None:
         gathers = [c for c in _calls_between(rec, "forward", "backward") if c["op"].startswith("all_gather")]
         wrapped = next((e for e in rec["events"] if e["event"] == "wrapped"), {})
         if len(gathers) != layers + 1:
-            what = ("only the root is wrapped: the whole model is one unit, gathered at once, so "
-                    "no memory is saved" if wrapped.get("wrapped_blocks") == 0 and wrapped.get("root")
-                    else "the blocks are not each their own unit")
+            if len(gathers) > layers + 1:
+                what = ("too many units: fully_shard was called on modules inside the blocks too "
+                        "(every Linear?), so each block is gathered in pieces, one all-gather each")
+            elif wrapped.get("wrapped_blocks") == 0 and wrapped.get("root"):
+                what = ("only the root is wrapped: the whole model is one unit, gathered at once, so "
+                        "no memory is saved")
+            else:
+                what = "the blocks are not each their own unit"
             return (f"rank {r}'s forward made {len(gathers)} all-gather(s) for a GPT of {layers} "
                     f"blocks; one fully_shard per block and one on the root make {layers + 1}: "
                     f"{what}. Call fully_shard(block) for each block, then fully_shard(model).")
+    return None
+
+
+def default_resharding(records, case, n) -> str | None:
+    """FSDP2's default: every block resharded after forward (so gathered again in backward), the root not."""
+    layers = case.cfg["n_layer"]
+    for r, rec in enumerate(records):
+        marks = {e["event"]: e["calls"] for e in rec["events"]}
+        gathers = [c for c in rec["calls"][marks.get("backward", len(rec["calls"])):]
+                   if c["op"].startswith("all_gather")]
+        if len(gathers) < layers:
+            return (f"rank {r}'s backward made {len(gathers)} all-gather(s) for {layers} blocks: the "
+                    "blocks stayed gathered from forward to backward (reshard_after_forward=False?), "
+                    "which keeps the whole gathered model in memory at the end of forward. With the "
+                    "default options each block is freed after its forward and gathered again in "
+                    "backward.")
+        if len(gathers) > layers:
+            return (f"rank {r}'s backward made {len(gathers)} all-gathers for {layers} blocks: the root "
+                    "was freed after forward too (reshard_after_forward=True on the root?). The "
+                    "default keeps the root gathered, since backward needs its output layer first.")
     return None
 
 

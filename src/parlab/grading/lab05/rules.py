@@ -9,10 +9,13 @@ point it looks (before every layer's forward, after every step):
 - the elements handed to ``make_optimizer`` and the elements of the
   optimizer's state tensors (the 0-d ``step`` counters are not counted).
 
-The rules compare these with what a shard may hold: ceil(numel / N)
-elements per parameter tensor is the bound, which any contiguous sharding
-(of the flat vector, per layer, or per tensor) stays under, while the full
-model does not.
+The rules compare these with what a shard may hold: the sum over the
+parameter tensors of ceil(numel / N) elements is the bound (the notebook
+states it so), which any contiguous sharding (of the flat vector, per
+layer, or per tensor) stays under, while the full model does not.  After
+each backward and each step the grader also counts what the student's
+object keeps besides parameters and optimizer state (``holdings``): more
+than two shards' worth is a full gradient buffer kept alive.
 """
 from __future__ import annotations
 
@@ -21,13 +24,19 @@ import math
 import torch
 
 from ...trace import _storage_bytes
+from ..holdings import extra_bytes
 
 
 # ---------------------------------------------------------------- measuring (on the ranks)
-def held(model, optimizers, where: str) -> dict:
-    """What this rank holds now, as plain data (see the module docstring)."""
+def held(model, optimizers, where: str, obj=None) -> dict:
+    """What this rank holds now, as plain data (see the module docstring).
+
+    With ``obj`` (the student's ZeRO object), also the bytes it keeps besides the parameters and
+    the optimizer's state (``holdings.extra_bytes``): gradient shards and any other buffer.
+    """
     layers = [m for m in model if any(True for _ in m.parameters(recurse=False))]
-    return {"where": where,
+    extra = extra_bytes(obj, list(model.parameters()), optimizers) if obj is not None else None
+    return {"where": where, "extra": extra,
             "layer_bytes": [_storage_bytes(m.parameters()) for m in layers],
             "grad_bytes": _storage_bytes(p.grad for p in model.parameters()),
             "opt_grad_elems": sum(p.grad.numel() for o in optimizers for g in o.param_groups
@@ -64,8 +73,9 @@ def optimizer_sharded(records, case, n):
         if handed > bound:
             full = " (the whole model: every rank steps every parameter)" if handed >= case.trainable else ""
             return (f"rank {r} handed make_optimizer {handed} elements{full}; its shard has at most "
-                    f"ceil(Ψ / N) = {math.ceil(case.trainable / n)}. The optimizer state is then not "
-                    "sharded, and there is no memory saved.")
+                    f"the sum over the parameter tensors of ceil(numel / N) = {bound} elements "
+                    f"(one flat shard: ceil(Ψ / N) = {math.ceil(case.trainable / n)}). The optimizer "
+                    "state is then not sharded, and there is no memory saved.")
     return None
 
 
@@ -77,14 +87,48 @@ def no_all_reduce(records, case, n):
     return None
 
 
-def grads_freed(records, case, n):
+def shard_bound(case, n) -> int:
+    """Elements one shard may hold: the sum over the trainable tensors of ceil(numel / N)."""
+    return _bound([s for k, s in enumerate(case.sizes()) if k not in case.frozen], n)
+
+
+def _kept_too_much(h: dict, r: int, case, n: int, who: str) -> str | None:
+    """The object keeps more than two shards' worth of fp32 besides parameters and optimizer state."""
+    extra, bound = h.get("extra"), shard_bound(case, n)
+    if not extra or extra["bytes"] <= 2 * 4 * bound:
+        return None
+    full = " (the size of the whole gradient)" if extra["largest"] >= case.trainable else ""
+    return (f"after {h['where']} rank {r}'s {who} object still keeps {extra['bytes']} bytes of "
+            f"tensors besides the parameters and the optimizer's state, the largest of "
+            f"{extra['largest']} elements{full}; a shard is {bound} elements ({4 * bound} bytes). "
+            "A full-size gradient buffer kept between steps is the memory that sharding the "
+            "gradients saves: build the flat gradient inside the step (or the hook) and let it go, "
+            "keeping only your shard's gradient.")
+
+
+def _grads_left(records, case, n, when: str, who: str, advice: str):
     for r, rec in enumerate(records):
         for h in _notes(rec, "held"):
-            if h["where"].startswith("step") and h["grad_bytes"]:
-                return (f"after {h['where']} rank {r}'s model parameters still hold gradients "
-                        f"({h['grad_bytes']} bytes): set p.grad = None once your shard's part is "
-                        "taken, or the full gradients stay in memory.")
+            if not h["where"].startswith(when):
+                continue
+            if h["grad_bytes"]:
+                return (f"after {h['where']} rank {r}'s model parameters still hold {who}gradients "
+                        f"({h['grad_bytes']} bytes): {advice}")
+            if problem := _kept_too_much(h, r, case, n, "ZeRO2" if when == "step" else "ZeRO3"):
+                return problem
     return None
+
+
+def grads_freed(records, case, n):
+    """ZeRO-2: after each step the model's parameters hold no gradient, and the object keeps shards only."""
+    return _grads_left(records, case, n, "step", "", "set p.grad = None once your shard's part is "
+                       "taken, or the full gradients stay in memory.")
+
+
+def full_grads_freed(records, case, n):
+    """ZeRO-3: after backward the model's parameters hold no gradient, and the object keeps shards only."""
+    return _grads_left(records, case, n, "backward", "their full ", "once a layer's gradients are "
+                       "reduce-scattered into its shard, set p.grad = None on its parameters.")
 
 
 def _gathered(h: dict, layers: list[int]) -> list[int]:
@@ -99,6 +143,12 @@ def params_freed_between_steps(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
         for h in _notes(rec, "held"):
+            if h["where"].startswith("backward") and (full := _gathered(h, layers)):
+                return (f"after {h['where'].replace('backward', 'the backward of step')} rank {r} "
+                        f"still holds the gathered parameters of layer(s) {full} "
+                        f"({sum(h['layer_bytes'])} bytes of parameters): free each layer after its "
+                        "backward as well as after its forward (resize the storage to 0 once its "
+                        "gradients are reduce-scattered); the next forward gathers it again.")
             if h["where"].startswith("step") and (full := _gathered(h, layers)):
                 return (f"after {h['where']} rank {r} still holds the full parameters of layer(s) "
                         f"{full} ({sum(h['layer_bytes'])} bytes of parameters): that is ZeRO-1 "
@@ -111,6 +161,8 @@ def layers_freed_in_forward(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
         for h in _notes(rec, "held"):
+            if h["where"].startswith("backward") and _gathered(h, layers):
+                break  # still gathered from the backward: params_freed_between_steps says so
             if h["where"].startswith("forward") and len(full := _gathered(h, layers)) > 2:
                 if h["where"].endswith(" 0"):
                     return (f"rank {r} held the full parameters of every layer {full} before the "
@@ -141,8 +193,24 @@ def regathered_in_backward(records, case, n):
     return None
 
 
+#: How torch and gloo word a collective whose sizes are not world_size equal pieces.
+_UNEVEN_WORDS = ("outputShape[0] * worldSize", "inputShape[0]", "must be divisible by",
+                 "Tensor input and output", "output tensor size must be equal to world_size")
+UNEVEN_HINT = ("the collective's sizes were not world_size equal pieces: with Ψ not divisible by N, "
+               "pad the flat vector to ceil(Ψ / N) · N elements so that every shard has "
+               "ceil(Ψ / N) elements (the output of all_gather_single/reduce_scatter_single is "
+               "exactly world_size × the input's elements).")
+
+
+def uneven_hint(text: str) -> str:
+    """The padding hint, on torch's or gloo's own wording of unequal collective sizes."""
+    return UNEVEN_HINT if any(w in text for w in _UNEVEN_WORDS) else ""
+
+
 def frozen_hint(text: str) -> str:
     """ZeRO-1/2: a parameter's ``.grad`` was None, as a frozen parameter's always is."""
+    if hint := uneven_hint(text):
+        return hint
     if "'NoneType' object has no attribute" in text or "got NoneType" in text:
         return ("a parameter's .grad was None. The check's last model has frozen parameters "
                 "(requires_grad=False), which get no gradient: shard only the parameters with "
@@ -169,6 +237,8 @@ def frozen_moved(where: str, s: int, got, want, case) -> str:
 
 
 def error_hint(text: str) -> str:
+    if hint := uneven_hint(text):
+        return hint
     if "storage" in text or "out of bounds" in text or "size 0" in text:
         return ("a layer's parameters were freed when backward needed them: backward reads the "
                 "weights again, so gather them before each layer's backward (a hook on the "
@@ -185,6 +255,12 @@ def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, ev
     stale = bad & (got == ref[0])
     if s >= 1 and bool(stale[bad].all()):
         if all(g is not None and g.shape == got.shape and bool((g == ref[0])[bad].all()) for g in every):
+            moving = ~case.frozen_mask() & (ref[s] != ref[0])
+            if bool(moving.any()) and bool(stale[moving].all()):
+                return (head + " None of the model's parameters moved, on any rank: the updated "
+                        "shards were never written back. After the shard's step, all-gather the "
+                        "updated shards and copy them into the model's parameters (p.copy_ under "
+                        "torch.no_grad()).")
             idx = bad.nonzero().flatten().tolist()
             return (head + f" Parameter(s) {idx} were never updated, on any rank: the shards do "
                     f"not cover every element. With Ψ = {case.trainable} not divisible by N = {n}, "
