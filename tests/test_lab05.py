@@ -248,7 +248,7 @@ def test_not_a_class():
 
 def test_uneven_shard_hint_fires_on_gloo_wording():
     """gloo's own size check (an unpadded all-gather) gets the padding hint, as torch's does."""
-    from parlab.grading import lab05_rules
+    from parlab.grading.lab05 import rules as lab05_rules
 
     gloo = "RuntimeError: Check failed: outputShape[0] * worldSize == inputShape[0] (84 vs. 83)"
     for text in (gloo, "ValueError: output tensor size must be equal to world_size times input"):
