@@ -10,8 +10,10 @@ back as it happens, needs nothing beyond the Slurm client the site already
 installs, and its job ends with the step, so a launch never leaves a batch
 job behind.  The ranks still write into the launch's folder, so output,
 results, errors and stacks travel exactly as in a local launch; that folder
-must therefore be visible on the compute node (one machine, or a shared
-filesystem: ``PARLAB_SLURM_JOBS_DIR``).
+must therefore be visible on the compute node, and the launcher checks the
+ranks by pid: today that means the compute node is the machine the notebook
+server runs on (a hub on the DGX itself).  A shared launch folder and a
+host-aware liveness check for remote nodes are not built yet.
 
 Everything here runs the Slurm client commands (``sinfo``, ``squeue``,
 ``scancel``, ``srun``); it never talks to slurmctld directly.
