@@ -148,7 +148,7 @@ def test_feedback_matches_serial(courses):
         want, got = (DURATION.sub("T", (root / name).read_text()) for root in (serial, parallel))
         at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         assert got == want, (f"{student}'s feedback differs from nbgrader's at character {at}: "
-                             f"parlab grade {got[at - 200:at + 200]!r} | nbgrader {want[at - 200:at + 200]!r}")
+                             f"parlab grade {got[max(0, at - 200):at + 200]!r} | nbgrader {want[max(0, at - 200):at + 200]!r}")
         assert DURATION.sub("T", "in 4.9 s, in 2 ms, 3e9 B") == "in T, in T, T B"
 
 
