@@ -217,3 +217,36 @@ def test_flash_attention_drops_the_scores_term_and_megatron_sp_moves_10_units():
     assert cost.tp_comm_elems_per_layer(1, 4096, 8192, 8, sp=True) == 10 * sbh * 7 / 8
     assert cost.tp_comm_elems_per_layer(1, 4096, 8192, 8, recompute="full") == 12 * sbh * 7 / 8
     assert cost.model_state_bytes(1e9, 8, 1, "fp32_grads") == pytest.approx((6 + 12 / 8) * 1e9)
+
+
+def _ring_chunks_sent(c: int, reverse_backward: bool) -> int:
+    """Chunks one rank sends in a ring attention forward and backward, hop by hop."""
+    sent = 2 * (c - 1)  # forward: K and V, c - 1 hops
+    for step in range(c):
+        if reverse_backward:  # TransformerEngine: K/V for c - 1 hops, dK/dV one hop behind
+            sent += (2 if step < c - 1 else 0) + (2 if step > 0 else 0)
+        else:  # lab 07's ring: K, V, dK, dV together, the last hop dK/dV only (home)
+            sent += 4 if step < c - 1 else 2
+    return sent
+
+
+@pytest.mark.parametrize("c", [2, 3, 4, 8])
+def test_cp_ring_bytes_count_each_hop_of_both_rings(c):
+    b, s, h_kv = 2, 8 * c, 6
+    chunk = b * (s // c) * h_kv
+    assert cost.cp_comm_elems_per_layer(b, s, h_kv, c) == _ring_chunks_sent(c, False) * chunk
+    assert cost.cp_comm_elems_per_layer(b, s, h_kv, c, reverse_backward=True) == _ring_chunks_sent(c, True) * chunk
+    assert _ring_chunks_sent(c, False) == 6 * c - 4 and _ring_chunks_sent(c, True) == 6 * (c - 1)
+    assert cost.cp_comm_elems_per_layer(b, s, h_kv, 1) == 0
+
+
+def test_ep_all_to_all_bytes_count_the_rows_that_leave_the_rank():
+    # balanced routing: tokens·top_k assignments spread evenly over the n ranks' experts
+    tokens, h, top_k, n = 48, 5, 2, 4
+    dest = torch.arange(tokens * top_k) % n  # the rank each assignment goes to
+    for rank in range(n):
+        leaving = int((dest != rank).sum())  # dispatch; combine sends back as many; backward twice more
+        assert cost.ep_comm_elems_per_layer(tokens, h, top_k, n) == 4 * leaving * h
+    assert cost.ep_comm_elems_per_layer(tokens, h, top_k, 1) == 0
+    with pytest.raises(ValueError, match="top_k"):
+        cost.ep_comm_elems_per_layer(tokens, h, 0, n)

@@ -115,7 +115,13 @@ def test_context_parallel_divides_activations_and_moves_kv_around_the_ring():
     a = planner.stage_memory(Plan(dp=8, tp=1, pp=1), long, 0)["activations"]
     b = planner.stage_memory(Plan(dp=4, tp=1, pp=1, cp=2, accum=2), long, 0)["activations"]
     assert b == pytest.approx(a / 2, rel=0.01)
-    assert cost.cp_comm_elems_per_layer(1, 32768, 4096, 2) == 6 * 1 / 2 * 32768 * 4096
+    assert cost.cp_comm_elems_per_layer(1, 32768, 4096, 2, reverse_backward=True) == 6 * 1 / 2 * 32768 * 4096
+    # the planner prices TransformerEngine's ring (Megatron-Core), not lab 07's (one more dK/dV hop)
+    # on slow links the ring is exposed: the difference between two link speeds is its bytes / busbw
+    plan = Plan(dp=4, tp=1, pp=1, cp=2, accum=2)
+    exposed = [planner.step_time(plan, Workload(long, Cluster(8, nvlink_busbw=bw), 8))["cp"] for bw in (1e9, 2e9)]
+    ring = cost.cp_comm_elems_per_layer(1, 32768, 4096, 2, reverse_backward=True) * 2  # bf16
+    assert exposed[0] - exposed[1] == pytest.approx(ring * (1 / 1e9 - 1 / 2e9) * 32 * 2)
 
 
 def test_compute_counts_the_recomputed_forward_and_small_gemms_lose_efficiency():

@@ -11,7 +11,8 @@ seconds, compute is FLOPs.  Divide by 1e9 yourself when you want GB.
 Symbols used throughout:  Ψ = number of parameters, Nd = data-parallel degree,
 s = sequence length, b = micro-batch size, h = hidden size, a = attention
 heads, L = layers, V = vocabulary size, t = tensor-parallel degree,
-p = pipeline stages, m = micro-batches, v = virtual stages per rank.
+p = pipeline stages, m = micro-batches, v = virtual stages per rank,
+c = context-parallel degree, n = ranks of a group.
 
 This module imports nothing heavy (no torch at import time), so a notebook
 can use it for quick sums.
@@ -277,19 +278,55 @@ def tp_comm_elems_per_layer(b: int, s: int, h: int, t: int, sp: bool = False,
     return units * b * s * h * (t - 1) / t
 
 
-def cp_comm_elems_per_layer(b: int, s: int, h_kv: int, c: int) -> float:
+def cp_comm_elems_per_layer(b: int, s: int, h_kv: int, c: int, reverse_backward: bool = False) -> float:
     """Elements each rank sends per layer per micro-batch under context parallelism (ring attention).
 
-    Each rank holds s/c tokens; their K and V (2·(s/c)·b·h_kv elements, h_kv =
-    h·kv_heads/heads) travel c-1 hops around the ring in forward; backward
-    passes K, V and their gradients dK, dV around again (Liu et al. 2023, ring
-    attention; Megatron-Core context-parallel docs):
-    forward 2(c-1)/c·s·b·h_kv, backward 4(c-1)/c·s·b·h_kv, 6(c-1)/c·s·b·h_kv in all.
+    Each rank holds s/c tokens, so one chunk of K (or V, dK, dV) is b·(s/c)·h_kv
+    elements (h_kv = h·kv_heads/heads).  Forward passes K and V c − 1 hops round the
+    ring (Liu et al. 2023, ring attention): 2(c − 1) chunks.  Backward depends on
+    where the ring starts again:
+      reverse_backward=False (lab 07's ring): each rank starts from its own K/V and
+          carries dK, dV with them; K and V make c − 1 hops, dK and dV c, the last
+          one home: 4c − 2 chunks, (6c − 4)/c·s·b·h_kv per layer in all.
+      reverse_backward=True (TransformerEngine's AttnFuncWithCPAndKVP2P, which
+          Megatron-Core's context parallelism calls): forward keeps the last chunk
+          it received, backward passes K/V the other way round with dK/dV one hop
+          behind, so each makes c − 1 hops and dK/dV end at home: 4(c − 1) chunks,
+          6(c − 1)/c·s·b·h_kv in all.
+    Assumptions: every hop carries a whole chunk (a causal mask skips compute, not
+    traffic), gradients in the dtype of K and V, one forward and one backward (a
+    recomputed forward sends its 2(c − 1) chunks again).  c = 1 sends nothing.
     """
     for name, x in (("b", b), ("s", s), ("h_kv", h_kv)):
         _nonneg(name, x)
     _at_least_one("c", c)
-    return 6 * (c - 1) * s * b * h_kv / c
+    if c == 1:
+        return 0.0
+    chunks = 2 * (c - 1) + (4 * (c - 1) if reverse_backward else 4 * c - 2)
+    return chunks * s * b * h_kv / c
+
+
+def ep_comm_elems_per_layer(tokens: int, h: int, top_k: int, n: int) -> float:
+    """Elements each rank sends per MoE layer per micro-batch under expert parallelism.
+
+    Each of the rank's ``tokens`` tokens goes to ``top_k`` experts; the experts are
+    spread over n ranks.  Dispatch sends every assignment's row of h elements to
+    the rank of its expert with an all-to-all, combine sends the results back with a
+    second one (GShard, Lepikhin et al. 2020, §2.2 and §3.2; Switch Transformer,
+    Fedus et al. 2021, §2.2), and backward runs both again in reverse: 4 all-to-alls
+    of top_k·tokens·h·(n − 1)/n elements, the share (n − 1)/n leaving the rank.
+    Assumptions: routing is balanced (each rank's experts get 1/n of the
+    assignments, and every rank sends back as many rows as it received), no
+    assignment is dropped by a capacity factor (drops only lower it), each
+    assignment travels as its own row (a token with two experts on one rank is
+    sent twice, as lab 07's layer sends it), and the all-to-all of the counts
+    (n integers) is left out.
+    """
+    for name, x in (("tokens", tokens), ("h", h)):
+        _nonneg(name, x)
+    _at_least_one("top_k", top_k)
+    _at_least_one("n", n)
+    return 4 * top_k * tokens * h * (n - 1) / n
 
 
 def pp_comm_elems(b: int, s: int, h: int) -> float:

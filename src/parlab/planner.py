@@ -57,6 +57,9 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            the recomputed forward's collectives are exposed again.
   cp       ring attention's K/V passes overlap the attention compute of the
            current block (Liu et al. 2023); only what exceeds it is exposed.
+           The bytes are TransformerEngine's ring, which Megatron-Core runs:
+           6(c − 1)/c·s·b·h_kv per layer (``cost.cp_comm_elems_per_layer``,
+           reverse_backward=True).
   pp       one hop per micro-batch each way on the slowest boundary, exposed
            (m·v + p − 1 hops each way); each TP rank sends b·s·h/(tp·cp)
            (Narayanan et al. 2021 §4.1 scatter/gather).  Boundaries are placed by
@@ -488,7 +491,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     if plan.cp > 1:
         bw, lat = _bw(_crosses(plan.cp * t, c), c)
         h_kv = h * m.kv / m.heads / t
-        comm = cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp) * BF16 / bw + 3 * (plan.cp - 1) * lat
+        comm = cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw + 3 * (plan.cp - 1) * lat
         window = 3 * 4 * h * s / t * tokens / rate  # attention fwd + bwd of this GPU's tokens
         passes = 2 if plan.recompute == "full" else 1
         cp_t = max(0.0, comm * (1 + (passes - 1) / 3) - window) * n_slow * accum
