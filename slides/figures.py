@@ -5,7 +5,8 @@ paths.  Each figure is either an exact diagram, a formula evaluated by
 ``parlab.cost``, or an *ideal* schedule computed here; none is a measurement,
 and each one's title says which it is.  ``slides/make_figures.py`` draws the
 rest with ``parlab.viz`` (collectives, meshes, training memory, time to train);
-``slides/planner_figures.py`` the scenarios and the calculator, from ``parlab.planner``.
+``slides/planner_figures.py`` the scenarios and the calculator, from ``parlab.planner``;
+``slides/context_expert_figures.py`` lab 07's context and expert parallelism.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle  # noqa: E402
 from parlab import cost, viz  # noqa: E402
 from parlab.parallel.mesh import Mesh  # noqa: E402
 
+import context_expert_figures  # noqa: E402  (slides/context_expert_figures.py, next to this file)
 import planner_figures  # noqa: E402  (slides/planner_figures.py, next to this file)
 import schedules  # noqa: E402  (slides/schedules.py, next to this file)
 
@@ -420,6 +422,7 @@ FIGURES = {
     "dgx_h100": dgx_h100,
     "four_axes": four_axes,
     **planner_figures.FIGURES,  # the scenarios and the calculator, from parlab.planner
+    **context_expert_figures.FIGURES,  # lab 07's CP and EP: activations, the ring, balance, all-to-all
 }
 
 

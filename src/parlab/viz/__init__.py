@@ -2,8 +2,8 @@
 and lab 00's memory and time-to-train arithmetic.
 
 One module per kind of figure: ``collectives``, ``timeline`` (Gantt charts),
-``memory``, ``one_gpu`` (lab 00's memory and time to train), ``bandwidth`` and
-``mesh``; ``style`` holds the palette and the axes and legend helpers they share.
+``memory``, ``one_gpu`` (lab 00's memory and time to train), ``bandwidth``,
+``mesh`` and ``context`` (causal attention's work per rank for a split of the sequence); ``style`` holds the palette and the axes and legend helpers they share.
 
 Every function returns a ``matplotlib.figure.Figure``.  The figure is closed
 in pyplot before it is returned, so a notebook shows it once when it is the
@@ -21,6 +21,7 @@ from .memory import memory_bars
 from .one_gpu import training_memory_bars, time_to_train_curves
 from .bandwidth import bandwidth_curves
 from .mesh import mesh_picture
+from .context import causal_work, causal_pairs
 
 __all__ = [
     "rank_color",
@@ -31,5 +32,7 @@ __all__ = [
     "time_to_train_curves",
     "bandwidth_curves",
     "mesh_picture",
+    "causal_work",
+    "causal_pairs",
     "COLLECTIVE_OPS",
 ]
