@@ -3,7 +3,7 @@
 One course (lab 00) gets two submissions, right answers and a wrong one
 from tests/wrong_answers; a second course gets the same files and is
 graded the ordinary way (``nbgrader autograde --force``, then
-``generate_feedback``).  The first course is graded through the private
+``generate_feedback``), in a thread beside the Slurm runs.  The first course is graded through the private
 cluster of conftest.py, one array task per submission:
 
 1. a run stopped with SIGTERM while a task grades: it cancels the array
@@ -19,6 +19,7 @@ tests/test_grade_class.py), Slurm that is not reachable or cannot hold the
 request is refused before anything is queued, and no process of any run is
 left (here, and conftest's check of squeue and the launches).
 """
+import concurrent.futures
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from parlab.grading.classgrade import cli
 from class_course import (add_students, duplicate_grades, gradebook_scores, make_course, notebook,
                           serial_autograde, submit, tool_env)
 from nbgrader_harness import TOKEN_VAR, leftover_processes
@@ -81,9 +83,8 @@ def courses(tmp_path_factory):
             submit(root, student, LAB, nb)
     runs = {}
     start = time.perf_counter()
-    serial_autograde(serial, LAB)
-    print(f"\nserial nbgrader autograde + generate_feedback, {len(GOOD)} submissions: "
-          f"{time.perf_counter() - start:.1f} s")
+    # nbgrader grades the other course meanwhile: the runs below wait on Slurm and on their tasks' start-up
+    serially = concurrent.futures.ThreadPoolExecutor(1).submit(serial_autograde, serial, LAB)
     for name, args, hook in (("stopped", ("--cpus-per-task", "1"), stop_command),
                              ("cancelled", ("--cpus-per-task", "1"), cancel_bo),
                              ("resumed", (), None), ("again", (), None)):
@@ -92,6 +93,8 @@ def courses(tmp_path_factory):
         runs[f"{name}: squeue"] = parlab_jobs()
         runs[f"{name}: scores"] = gradebook_scores(array, LAB)
         print(f"parlab grade --slurm ({name}): {time.perf_counter() - start:.1f} s\n{runs[name][1]}")
+    print(f"serial nbgrader autograde + generate_feedback, {len(GOOD)} submissions, beside the runs above: "
+          f"{serially.result():.1f} s")
     return serial, array, runs
 
 
@@ -133,20 +136,29 @@ def test_scores_and_feedback_equal_serial_nbgrader(courses):
         assert _blanked((array / name).read_text()) == _blanked((serial / name).read_text()), student
 
 
-def test_slurm_that_cannot_take_the_array_is_refused_before_queuing(courses, tmp_path):
+def refused(capsys, array: Path, *args: str) -> str:
+    """``parlab grade LAB --slurm --force ARGS`` in this process (no start-up to pay): it must exit 2."""
+    saved = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cli.main([LAB, "--slurm", "--force", "--root", str(array), *args]) == 2
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    return "".join(capsys.readouterr())
+
+
+def test_slurm_that_cannot_take_the_array_is_refused_before_queuing(courses, tmp_path, monkeypatch, capsys):
     _, array, _ = courses
-    env = tool_env(**{TOKEN_VAR: TOKEN})
-    rc, out = grade(array, "--force", "--partition", "nope", env=env)
-    assert rc == 2 and "no partition 'nope'" in out, out
-    rc, out = grade(array, "--force", "--cpus-per-task", "64", env=env)
-    assert rc == 2 and "--cpus-per-task 64 but the nodes of partition 'gpu' have at most" in out, out
+    assert "no partition 'nope'; sinfo lists gpu, two" in refused(capsys, array, "--partition", "nope")
+    assert "--cpus-per-task 64 but the nodes of partition 'gpu' have at most" in \
+        refused(capsys, array, "--cpus-per-task", "64")
     conf = open(os.environ["SLURM_CONF"]).read().replace("SlurmctldPort=16817", "SlurmctldPort=16899")
     (tmp_path / "slurm.conf").write_text(conf)
-    rc, out = grade(array, "--force", env={**env, "SLURM_CONF": str(tmp_path / "slurm.conf")})
-    assert rc == 2 and re.search(r"`sinfo .*` failed.*SLURM_CONF.*leave out --slurm", out), out
-    rc, out = grade(array, "--force", env={**env, "PATH": str(tmp_path)})
-    assert rc == 2 and "'sbatch', which is not on PATH" in out, out
-    assert parlab_jobs() == [] and gradebook_scores(array, LAB) == gradebook_scores(courses[0], LAB)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    assert re.search(r"`sinfo .*` failed.*SLURM_CONF.*leave out --slurm", refused(capsys, array))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "'sbatch', which is not on PATH" in refused(capsys, array)
+    assert gradebook_scores(array, LAB) == gradebook_scores(courses[0], LAB)  # conftest checks squeue after
+    assert not (array / ".parlab-grade" / LAB / "slurm" / "job.json").exists()
 
 
 def test_no_process_left_behind(courses):

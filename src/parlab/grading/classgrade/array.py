@@ -59,10 +59,10 @@ def grade_class_on_slurm(root: Path, lab: str, partition: str | None = None, acc
 
     c, todo, progress = plan.select(root, lab, force, out)
     req = array_slurm.check(partition, account, time_limit, cpus_per_task, widest_launch(lab), len(todo), chunk)
-    tasks = math.ceil(len(todo) / chunk)
-    plan.announce(c, lab, todo, progress,
+    tasks, cpus = math.ceil(len(todo) / chunk), req.cpus_per_task
+    plan.announce(c, lab, todo, progress, "(nothing to queue)" if not todo else
                   f"as a Slurm array of {tasks} task{'s' * (tasks != 1)} ({chunk} per task, "
-                  f"{req.cpus_per_task} CPUs each, partition {req.partition})")
+                  f"{cpus} CPU{'s' * (cpus != 1)} each, partition {req.partition})")
     if not todo:
         return progress
     queue, template = plan.begin(c, lab, todo, progress, resume)
@@ -88,8 +88,9 @@ def _run_array(c: inputs.Course, lab: str, queue: list, template: Path, req: arr
     finished = False
     try:
         jobid = array_slurm.submit(array_slurm.sbatch_command(req, name, len(chunks), folder, c.root, plan_file))
-        progress.note(f"Slurm job {jobid} ({name}): {len(chunks)} array tasks queued, logs {folder}/task-N.log")
-        _watch(c, jobid, name, chunks, folder, req, timeout, progress)
+        progress.note(f"Slurm job {jobid} ({name}): {len(chunks)} array task{'s' * (len(chunks) != 1)} "
+                      f"queued, logs {folder}/task-N.log")
+        _Watch(c, jobid, name, chunks, folder, req, timeout, progress).run()
         finished = True
         if not slurm.wait_gone(name, limit=30):
             finished = False  # the tasks should be ending; cancel what is left
@@ -110,42 +111,62 @@ def _signals_held():
             signal.signal(s, handler)
 
 
-def _watch(c, jobid: str, name: str, chunks: list, folder: Path, req, timeout, progress: Progress) -> None:
-    waiting = {sub.student: (i, sub) for i, ch in enumerate(chunks) for sub in ch}
-    shown: dict[int, tuple] = {}
-    absent = dict.fromkeys(range(len(chunks)), 0)
-    next_squeue = 0.0
-    while waiting:
-        time.sleep(POLL)
-        if time.monotonic() >= next_squeue:
-            next_squeue = time.monotonic() + SQUEUE_EVERY
-            states = array_slurm.task_states(name)
-            for i in (range(len(chunks)) if states is not None else ()):
-                if i in states:
-                    absent[i] = 0
-                    if states[i] != shown.get(i):
-                        shown[i] = states[i]
-                        state, reason, node = states[i]
-                        progress.note(f"Slurm task {i}: {state.lower()}" + (f" on {node}" if node else "")
-                                      + (f" ({reason})" if reason and reason != "None" else ""))
-                else:
-                    absent[i] += 1
-        for student, (i, sub) in list(waiting.items()):
-            root = worker.copy_root(c, sub)
-            got, ended = worker.result(root), read(root / ENDED)
-            if got and got.get("ok"):
-                plan.merge_one(c, root, sub, progress, got["seconds"])
-            elif got or ended:
-                timed_out = timeout if ended and ended.get("timed_out") else None
-                progress.fail(student, worker.why_failed(root, (ended or {}).get("returncode"), timed_out))
-            elif absent[i] >= GONE_AFTER:
-                during = "while grading it" if (root / STARTED).exists() else "before it reached it"
-                progress.fail(student, f"Slurm task {i} of job {jobid} ended {during}: "
-                              f"{array_slurm.why_ended(folder / f'task-{i}.log', req.time_limit)}; "
-                              "it is graded again on the next run")
+class _Watch:
+    """The submitting side's view of the array: each task from squeue, each submission from its copy."""
+
+    def __init__(self, c, jobid: str, name: str, chunks: list, folder: Path, req, timeout, progress: Progress):
+        self.c, self.jobid, self.name, self.folder, self.req = c, jobid, name, folder, req
+        self.timeout, self.progress, self.tasks = timeout, progress, len(chunks)
+        self.waiting = {sub.student: (i, sub) for i, ch in enumerate(chunks) for sub in ch}
+        self.shown: dict[int, tuple] = {}
+        self.absent = dict.fromkeys(range(len(chunks)), 0)
+        self.squeue_failed = False
+
+    def run(self) -> None:
+        next_squeue = 0.0
+        while self.waiting:
+            time.sleep(POLL)
+            if time.monotonic() >= next_squeue:
+                next_squeue = time.monotonic() + SQUEUE_EVERY
+                self.look_at_squeue()
+            for student, (i, sub) in list(self.waiting.items()):
+                if self.settle(i, sub):
+                    del self.waiting[student]
+
+    def look_at_squeue(self) -> None:
+        states = array_slurm.task_states(self.name)
+        if (states is None) != self.squeue_failed:
+            self.squeue_failed = states is None
+            self.progress.note("squeue does not answer; results are still merged as they come, Ctrl-C "
+                               "cancels the array" if self.squeue_failed else "squeue answers again")
+        for i in (range(self.tasks) if states is not None else ()):
+            if i not in states:
+                self.absent[i] += 1
+            elif states[i] != self.shown.get(i):
+                self.absent[i], self.shown[i] = 0, states[i]
+                state, reason, node = states[i]
+                self.progress.note(f"Slurm task {i}: {state.lower()}" + (f" on {node}" if node else "")
+                                   + (f" ({reason})" if reason and reason != "None" else ""))
             else:
-                if progress.state[student] == "queued" and (where := read(root / STARTED)):
-                    progress.set(student, "grading", f"task {i} of Slurm job {jobid} on {where['node']}, "
-                                 f"worker pid {where['pid']}")
-                continue
-            del waiting[student]
+                self.absent[i] = 0
+
+    def settle(self, i: int, sub) -> bool:
+        """Merge or fail the submission once its worker or its task has ended; whether it is settled."""
+        root, student = worker.copy_root(self.c, sub), sub.student
+        got, ended = worker.result(root), read(root / ENDED)
+        if got and got.get("ok"):
+            plan.merge_one(self.c, root, sub, self.progress, got["seconds"])
+        elif got or ended:
+            timed_out = self.timeout if ended and ended.get("timed_out") else None
+            self.progress.fail(student, worker.why_failed(root, (ended or {}).get("returncode"), timed_out))
+        elif self.absent[i] >= GONE_AFTER:
+            during = "while grading it" if (root / STARTED).exists() else "before it reached it"
+            why = array_slurm.why_ended(self.folder / f"task-{i}.log", self.req.time_limit)
+            self.progress.fail(student, f"Slurm task {i} of job {self.jobid} ended {during}: {why}; "
+                               "it is graded again on the next run")
+        else:
+            if self.progress.state[student] == "queued" and (where := read(root / STARTED)):
+                self.progress.set(student, "grading", f"task {i} of Slurm job {self.jobid} on {where['node']}, "
+                                  f"worker pid {where['pid']}")
+            return False
+        return True
