@@ -20,6 +20,8 @@ request is refused before anything is queued, and no process of any run is
 left (here, and conftest's check of squeue and the launches).
 """
 import concurrent.futures
+import contextlib
+import io
 import os
 import re
 import signal
@@ -72,30 +74,48 @@ def cancel_bo(proc, student, task, job):
         subprocess.run(["scancel", f"{job}_{task}"], check=True)
 
 
+def grade_here(root: Path, *args: str) -> tuple[int, str]:
+    """``parlab grade LAB --slurm ARGS`` in this process (no start-up to pay), for runs that queue nothing."""
+    out, saved = io.StringIO(), signal.getsignal(signal.SIGTERM)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            rc = cli.main([LAB, "--slurm", "--root", str(root), *args])
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    return rc, out.getvalue()
+
+
+def graded_serially(root: Path, notebooks: dict) -> float:
+    make_course(root, [LAB])
+    add_students(root, GOOD)
+    for student, nb in notebooks.items():
+        submit(root, student, LAB, nb)
+    return serial_autograde(root, LAB)
+
+
 @pytest.fixture(scope="module")
 def courses(tmp_path_factory):
     base = tmp_path_factory.mktemp("grade-array")
-    serial, array = make_course(base / "serial", [LAB]), make_course(base / "array", [LAB])
-    notebooks = {"ada": notebook(LAB, serial), "bo": notebook(LAB, serial, wrong=("weight_bytes", wrong.weight_bits))}
-    for root in (serial, array):
-        add_students(root, GOOD)
-        for student, nb in notebooks.items():
-            submit(root, student, LAB, nb)
+    array = make_course(base / "array", [LAB])
+    notebooks = {"ada": notebook(LAB, array), "bo": notebook(LAB, array, wrong=("weight_bytes", wrong.weight_bits))}
+    add_students(array, GOOD)
+    for student, nb in notebooks.items():
+        submit(array, student, LAB, nb)
+    # nbgrader grades the same files in another course meanwhile: the runs below wait on Slurm and
+    # on their tasks' start-up, and the whole test must stay cheap
+    serially = concurrent.futures.ThreadPoolExecutor(1).submit(graded_serially, base / "serial", notebooks)
     runs = {}
-    start = time.perf_counter()
-    # nbgrader grades the other course meanwhile: the runs below wait on Slurm and on their tasks' start-up
-    serially = concurrent.futures.ThreadPoolExecutor(1).submit(serial_autograde, serial, LAB)
     for name, args, hook in (("stopped", ("--cpus-per-task", "1"), stop_command),
-                             ("cancelled", ("--cpus-per-task", "1"), cancel_bo),
-                             ("resumed", (), None), ("again", (), None)):
+                             ("cancelled", ("--cpus-per-task", "1"), cancel_bo), ("resumed", (), None)):
         start = time.perf_counter()
         runs[name] = grade(array, *args, when_grading=hook)
         runs[f"{name}: squeue"] = parlab_jobs()
         runs[f"{name}: scores"] = gradebook_scores(array, LAB)
         print(f"parlab grade --slurm ({name}): {time.perf_counter() - start:.1f} s\n{runs[name][1]}")
-    print(f"serial nbgrader autograde + generate_feedback, {len(GOOD)} submissions, beside the runs above: "
-          f"{serially.result():.1f} s")
-    return serial, array, runs
+    runs["again"] = grade_here(array)
+    print(f"serial nbgrader (make_course, autograde, generate_feedback), {len(GOOD)} submissions, beside "
+          f"the runs above: {serially.result():.1f} s")
+    return base / "serial", array, runs
 
 
 def test_stopping_the_command_cancels_the_array(courses):
@@ -136,27 +156,23 @@ def test_scores_and_feedback_equal_serial_nbgrader(courses):
         assert _blanked((array / name).read_text()) == _blanked((serial / name).read_text()), student
 
 
-def refused(capsys, array: Path, *args: str) -> str:
-    """``parlab grade LAB --slurm --force ARGS`` in this process (no start-up to pay): it must exit 2."""
-    saved = signal.getsignal(signal.SIGTERM)
-    try:
-        assert cli.main([LAB, "--slurm", "--force", "--root", str(array), *args]) == 2
-    finally:
-        signal.signal(signal.SIGTERM, saved)
-    return "".join(capsys.readouterr())
+def refused(array: Path, *args: str) -> str:
+    rc, out = grade_here(array, "--force", *args)
+    assert rc == 2, out
+    return out
 
 
-def test_slurm_that_cannot_take_the_array_is_refused_before_queuing(courses, tmp_path, monkeypatch, capsys):
+def test_slurm_that_cannot_take_the_array_is_refused_before_queuing(courses, tmp_path, monkeypatch):
     _, array, _ = courses
-    assert "no partition 'nope'; sinfo lists gpu, two" in refused(capsys, array, "--partition", "nope")
+    assert "no partition 'nope'; sinfo lists gpu, two" in refused(array, "--partition", "nope")
     assert "--cpus-per-task 64 but the nodes of partition 'gpu' have at most" in \
-        refused(capsys, array, "--cpus-per-task", "64")
+        refused(array, "--cpus-per-task", "64")
     conf = open(os.environ["SLURM_CONF"]).read().replace("SlurmctldPort=16817", "SlurmctldPort=16899")
     (tmp_path / "slurm.conf").write_text(conf)
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    assert re.search(r"`sinfo .*` failed.*SLURM_CONF.*leave out --slurm", refused(capsys, array))
+    assert re.search(r"`sinfo .*` failed.*SLURM_CONF.*leave out --slurm", refused(array))
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert "'sbatch', which is not on PATH" in refused(capsys, array)
+    assert "'sbatch', which is not on PATH" in refused(array)
     assert gradebook_scores(array, LAB) == gradebook_scores(courses[0], LAB)  # conftest checks squeue after
     assert not (array / ".parlab-grade" / LAB / "slurm" / "job.json").exists()
 
