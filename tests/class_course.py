@@ -142,3 +142,15 @@ def gradebook_scores(root: Path, lab: str) -> dict[str, dict[str, tuple[float, f
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "parlab") as gb:
         return {sub.student.id: {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
                 for sub in gb.find_assignment(lab).submissions}
+
+
+def duplicate_grades(root: Path) -> list[tuple]:
+    """(notebook, cell, count) of every cell with more than one grade row in the course's gradebook."""
+    import sqlite3
+
+    con = sqlite3.connect(root / "gradebook.db")
+    try:
+        return con.execute("SELECT notebook_id, cell_id, COUNT(*) FROM grade GROUP BY notebook_id, cell_id "
+                           "HAVING COUNT(*) > 1").fetchall()
+    finally:
+        con.close()

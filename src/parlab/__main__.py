@@ -3,7 +3,9 @@ import sys
 
 USAGE = """usage: parlab doctor                     check torch, backends, GPUs and a 2-rank all-reduce
        parlab grade LAB [--workers N] [--resume] [--force]
-                                         autograde every submission of LAB in parallel (run in the course root)"""
+                                         autograde every submission of LAB in parallel (run in the course root)
+       parlab grade LAB --slurm [--partition P] [--account A] [--time-limit MIN] [--chunk K]
+                                         the same, as one Slurm array job (parlab grade --help)"""
 
 
 def main(argv=None) -> int:
@@ -13,7 +15,7 @@ def main(argv=None) -> int:
 
         return doctor()
     if argv[:1] == ["grade"]:
-        from .grading.classgrade.run import main as grade
+        from .grading.classgrade.cli import main as grade
 
         return grade(argv[1:])
     print(USAGE, file=sys.stderr)

@@ -9,5 +9,11 @@ course's ``.parlab-grade/`` folder, and the scheduler (``run``) alone
 merges each finished submission into the real gradebook and the
 ``autograded/`` and ``feedback/`` folders (``merge``).  ``inputs`` finds the
 submissions and turns bad ones away with a message each; ``report`` prints
-the progress and the summary table.
+the progress and the summary table; ``plan`` is what both schedulers share
+(what to grade, what a killed run left), ``processes`` starts and ends one
+worker with everything it started, ``cli`` is the command line.
+
+``parlab grade LAB --slurm`` grades the same copies as one Slurm array job
+(``array``: the submitting side and its one writer; ``array_slurm``: sbatch,
+squeue and scancel; ``task``: what each array task runs on its node).
 """

@@ -39,6 +39,10 @@ class Progress:
         print(f"{t:7.1f} s  {student:<16} {state:<8} {detail}".rstrip() + f"   {self._bar()}",
               file=self.out, flush=True)
 
+    def note(self, text: str) -> None:
+        """A line about the run rather than one submission (a Slurm task's state)."""
+        print(f"{time.monotonic() - self.start:7.1f} s  {text}", file=self.out, flush=True)
+
     def done(self, student: str, scores: dict[str, tuple[float, float]], seconds: float) -> None:
         self.scores[student] = scores
         got, most = sum(s for s, _ in scores.values()), sum(m for _, m in scores.values())

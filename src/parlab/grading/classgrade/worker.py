@@ -66,8 +66,8 @@ def prepare(c: Course, sub: Submission, template_db: Path) -> Path:
     return root
 
 
-def command(root: Path, sub: Submission) -> list[str]:
-    return [sys.executable, "-m", "parlab.grading.classgrade.worker", str(root), sub.lab, sub.student]
+def command(root: Path, lab: str, student: str) -> list[str]:
+    return [sys.executable, "-m", "parlab.grading.classgrade.worker", str(root), lab, student]
 
 
 def result(root: Path) -> dict | None:
@@ -83,6 +83,19 @@ def log_tail(root: Path, chars: int = 1500) -> str:
         return (root / LOG).read_text(errors="replace")[-chars:]
     except OSError:
         return ""
+
+
+def why_failed(root: Path, returncode: int | None, timed_out: float | None) -> str:
+    """Why the worker of the copy at ``root`` gave no grade (its exit status, or its timeout)."""
+    if timed_out:
+        return f"grading took longer than {timed_out:g} s and was stopped (--timeout)"
+    got = result(root)
+    if got is None:
+        how = f"killed by signal {-returncode}" if returncode is not None and returncode < 0 \
+            else f"exit code {returncode}"
+        return f"the worker died ({how}) before it finished; it is graded again on the next run"
+    tail = log_tail(root, 400).strip().splitlines()
+    return f"nbgrader could not grade it: {got.get('error', '?')}" + (f" | log: {tail[-1]}" if tail else "")
 
 
 def grade(root: Path, lab: str, student: str) -> None:

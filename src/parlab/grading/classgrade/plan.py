@@ -1,0 +1,75 @@
+"""What one run of ``parlab grade`` grades, for either scheduler (local workers or a Slurm array).
+
+``select`` finds the submissions that have no merged grade, changed since
+it, or lost their ``autograded/`` folder (all of them with ``force``), and
+the ones turned away as bad input.  ``begin`` then ends what a run that was
+killed outright may have left (its local workers, its Slurm array job),
+snapshots the gradebook for the course copies and, with ``resume``, merges
+the copies that run had finished grading; what is left is the queue.
+``merge_one`` is the one writer's step, shared by both schedulers.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import array_slurm, inputs, merge, processes, worker
+from .report import Progress
+
+
+def select(root: Path, lab: str, force: bool, out=None) -> tuple[inputs.Course, list[inputs.Submission], Progress]:
+    c = inputs.course(root)
+    a = inputs.assignment(c, lab)
+    subs, rejected = inputs.find(c, a)
+    todo = [s for s in subs if force or not merge.up_to_date(c, s)]
+    progress = Progress(lab, [s.student for s in todo], out)
+    progress.rejected = {r.student: r.reason for r in rejected}
+    progress.skipped = [s.student for s in subs if s not in todo]
+    progress.absent = inputs.absent(a, subs, rejected)
+    return c, todo, progress
+
+
+def announce(c: inputs.Course, lab: str, todo: list, progress: Progress, how: str) -> None:
+    print(f"parlab grade {lab}: {len(todo)} to grade {how}, {len(progress.skipped)} unchanged, "
+          f"{len(progress.rejected)} rejected (work dir {c.workdir})", file=progress.out, flush=True)
+    for student, why in sorted(progress.rejected.items()):
+        print(f"          {student:<16} rejected {why}", file=progress.out, flush=True)
+
+
+def end_stale_workers(c: inputs.Course, lab: str) -> None:
+    """Workers of a local scheduler that was killed outright may still run: end them."""
+    for job in (c.workdir / lab).glob("*/job"):
+        processes.end_job(job.read_text().strip())
+        job.unlink(missing_ok=True)
+
+
+def begin(c: inputs.Course, lab: str, todo: list, progress: Progress, resume: bool) -> tuple[list, Path]:
+    """(the submissions still to grade, the gradebook snapshot for their copies)."""
+    end_stale_workers(c, lab)
+    array_slurm.cancel_stale(c.workdir / lab)
+    template = c.workdir / lab / "gradebook-template.db"
+    worker.snapshot_gradebook(c, template)
+    queue = list(todo)
+    if resume:
+        for sub in list(queue):
+            if (copy := _resumable(c, sub)) is not None:
+                queue.remove(sub)
+                merge_one(c, copy, sub, progress, worker.result(copy)["seconds"])
+    return queue, template
+
+
+def _resumable(c: inputs.Course, sub: inputs.Submission) -> Path | None:
+    """A copy of this very hand-in that a stopped run graded but did not merge."""
+    root = worker.copy_root(c, sub)
+    got = worker.result(root)
+    try:
+        same = (root / "digest").read_text() == sub.digest
+    except OSError:
+        same = False
+    return root if same and got and got.get("ok") else None
+
+
+def merge_one(c: inputs.Course, copy: Path, sub: inputs.Submission, progress: Progress, seconds: float) -> None:
+    try:
+        progress.done(sub.student, merge.merge(c, copy, sub), seconds)
+    except Exception as exc:  # noqa: BLE001 - one submission's merge must not stop the others
+        progress.fail(sub.student, f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
