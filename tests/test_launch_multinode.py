@@ -1,4 +1,8 @@
-"""nnodes=2 without Slurm: two torchrun agents on this machine meet at one c10d rendezvous."""
+"""nnodes=2 without Slurm: two torchrun agents on this machine meet at one c10d rendezvous.
+
+The ranks also read their node layout from torchrun's variables
+(``parlab.parallel.node_layout``), as the mesh and the planner do.
+"""
 import os
 import time
 
@@ -15,11 +19,19 @@ def where():
     import torch
     import torch.distributed as dist
 
+    from parlab.parallel.mesh import Mesh
+    from parlab.parallel.node_layout import NodeLayout
+    from parlab.planner import Cluster
+
     t = torch.ones(1) * dist.get_rank()
     dist.all_reduce(t)
     env = {k: int(os.environ[k]) for k in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                                            "WORLD_SIZE")}
-    return env, t.item(), os.getppid(), os.getpid()
+    layout = NodeLayout.from_env()  # what this rank's launch says about its nodes
+    seen = {"layout": layout, "node": layout.node_of(dist.get_rank()),
+            "placement": Mesh.on_nodes(layout, dp=2, tp=2).placement(layout),
+            "cluster": (Cluster.from_launch().gpus, Cluster.from_launch().gpus_per_node)}
+    return env, t.item(), os.getppid(), os.getpid(), seen
 
 
 def node_one_fails(path):
@@ -47,14 +59,20 @@ def _launch_processes(root):
 
 def test_two_agents_number_their_nodes_and_local_ranks():
     got = parlab.launch(where, nproc=4, nnodes=2)
-    envs = [e for e, _, _, _ in got]
+    envs = [e for e, _, _, _, _ in got]
     assert [e["RANK"] for e in envs] == [0, 1, 2, 3]
     assert all(e["WORLD_SIZE"] == 4 and e["LOCAL_WORLD_SIZE"] == 2 for e in envs)
     assert sorted(e["GROUP_RANK"] for e in envs) == [0, 0, 1, 1]
     assert all(e["RANK"] == e["GROUP_RANK"] * 2 + e["LOCAL_RANK"] for e in envs), envs
-    assert all(total == 6.0 for _, total, _, _ in got)  # 0+1+2+3 across both nodes
-    agents = {e["GROUP_RANK"]: ppid for e, _, ppid, _ in got}
+    assert all(total == 6.0 for _, total, _, _, _ in got)  # 0+1+2+3 across both nodes
+    agents = {e["GROUP_RANK"]: ppid for e, _, ppid, _, _ in got}
     assert agents[0] != agents[1], "both nodes' ranks were started by the same torchrun agent"
+    # the mesh and the planner see the real 2 nodes of 2 ranks, and each rank its own node
+    for e, _, _, _, seen in got:
+        assert (seen["layout"].nnodes, seen["layout"].per_node) == (2, 2), seen
+        assert seen["node"] == e["GROUP_RANK"]
+        assert seen["placement"] == {"pp": 1, "dp": 2, "tp": 1}  # TP inside a node, DP across
+        assert seen["cluster"] == (4, 2)
 
 
 def test_one_nodes_failure_ends_the_other_nodes_ranks(tmp_path):

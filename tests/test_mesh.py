@@ -1,12 +1,15 @@
 """parlab.parallel.mesh: the pure rank <-> (p, d, t) mapping, checked against
 ``torch.arange(world).view(pp, dp, tp)`` (the same layout ``init_device_mesh``
-builds; tests/test_mesh_device.py compares with its process groups)."""
+builds; tests/test_mesh_device.py compares with its process groups), and
+which axes cross nodes on a launch's real nodes (``NodeLayout``; the ranks of
+a real two-agent launch read theirs in tests/test_launch_multinode.py)."""
 import itertools
 
 import pytest
 import torch
 
 from parlab.parallel.mesh import AXES, Coords, Mesh
+from parlab.parallel.node_layout import NodeLayout
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -80,3 +83,54 @@ def test_bad_ranks_coordinates_and_axes():
         mesh.groups("cp")
     with pytest.raises(ValueError, match="axis must be one of"):
         mesh.group_of(0, "TP")
+
+
+# ----------------------------------------------------------------- real nodes
+
+TORCHRUN_2x2 = {"WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+
+
+def test_the_node_layout_comes_from_torchrun_then_slurm():
+    layout = NodeLayout.from_env(TORCHRUN_2x2)
+    assert (layout.nnodes, layout.per_node, layout.world_size) == (2, 2, 4)
+    assert [layout.node_of(r) for r in range(4)] == [0, 0, 1, 1]
+    assert "GROUP_WORLD_SIZE=2" in layout.source
+    slurm = NodeLayout.from_env({"SLURM_NNODES": "2", "SLURM_GPUS_ON_NODE": "8"})
+    assert (slurm.nnodes, slurm.per_node) == (2, 8) and slurm.source.startswith("Slurm")
+    assert NodeLayout.from_env({**TORCHRUN_2x2, "SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "8"}) == layout
+    assert NodeLayout.from_env({"SLURM_NNODES": "2"}) is None  # no GPU count: no layout
+    assert NodeLayout.from_env({}) is None
+
+
+def test_a_layout_that_is_not_even_is_refused():
+    with pytest.raises(ValueError, match="WORLD_SIZE=5 is not GROUP_WORLD_SIZE × LOCAL_WORLD_SIZE = 2 × 2"):
+        NodeLayout.from_env({**TORCHRUN_2x2, "WORLD_SIZE": "5"})
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE='two' is not a positive whole number"):
+        NodeLayout.from_env({**TORCHRUN_2x2, "LOCAL_WORLD_SIZE": "two"})
+    with pytest.raises(ValueError, match="rank must be an int from 0 to 3"):
+        NodeLayout(2, 2).node_of(4)
+
+
+def test_on_real_nodes_tp_stays_inside_a_node_and_the_crossing_axes_are_named():
+    two_dgx = NodeLayout(2, 8)
+    assert Mesh.on_nodes(two_dgx, pp=2, dp=2, tp=4).placement(two_dgx) == {"pp": 2, "dp": 1, "tp": 1}
+    assert Mesh.on_nodes(two_dgx, dp=2, tp=8).placement(two_dgx) == {"pp": 1, "dp": 2, "tp": 1}
+    assert Mesh(dp=16).nodes_spanned("dp", two_dgx) == 2
+    with pytest.raises(ValueError, match=r"tp=4 crosses nodes on 2 node\(s\) of 2 ranks .* divides 2"):
+        Mesh.on_nodes(NodeLayout(2, 2), tp=4)
+    with pytest.raises(ValueError, match="tp=3 crosses nodes"):  # [3, 4, 5] straddles nodes of 4
+        Mesh.on_nodes(NodeLayout(3, 4), dp=4, tp=3)
+    with pytest.raises(ValueError, match="holds 16 ranks but"):
+        Mesh(dp=2).placement(two_dgx)
+
+
+def test_the_planners_cluster_takes_the_launchs_nodes():
+    from parlab.planner import H200, Cluster
+
+    c = Cluster.from_launch(TORCHRUN_2x2, memory=40e9)
+    assert (c.gpus, c.gpus_per_node, c.memory) == (4, 2, 40e9)
+    assert H200().with_nodes(NodeLayout(4, 8)).gpus == 32 and H200().with_nodes(NodeLayout(4, 8)).name == "H200"
+    with pytest.raises(ValueError, match="not in a launch .* Cluster\\(gpus, gpus_per_node=...\\)"):
+        Cluster.from_launch({})
+    with pytest.raises(TypeError, match="gpus_per_node come"):
+        Cluster.from_launch(TORCHRUN_2x2, gpus_per_node=8)

@@ -217,6 +217,31 @@ class Cluster:
     def with_gpus(self, gpus: int) -> "Cluster":
         return replace(self, gpus=gpus)
 
+    def with_nodes(self, layout) -> "Cluster":
+        """These GPUs laid out as a launch's real nodes: ``gpus`` and ``gpus_per_node`` from
+        ``layout`` (a ``parlab.parallel.node_layout.NodeLayout``), so that the plans' TP and
+        pipeline boundaries cross nodes where the launch's do."""
+        return replace(self, gpus=layout.world_size, gpus_per_node=layout.per_node)
+
+    @classmethod
+    def from_launch(cls, env=None, **kw) -> "Cluster":
+        """A cluster with the node count and GPUs per node of the launch this process runs in.
+
+        Read by ``NodeLayout.from_env`` (torchrun's variables in a rank, Slurm's in
+        an allocation); ``kw`` sets the other fields (default: an H100 SXM's).
+        """
+        from .parallel.node_layout import NodeLayout
+
+        layout = NodeLayout.from_env(env)
+        if layout is None:
+            raise ValueError("Cluster.from_launch: this process is not in a launch (no torchrun "
+                             "GROUP_WORLD_SIZE/LOCAL_WORLD_SIZE, no Slurm SLURM_NNODES/SLURM_GPUS_ON_NODE). "
+                             "Call it inside parlab.launch, or give the sizes: Cluster(gpus, gpus_per_node=...).")
+        given = sorted({"gpus", "gpus_per_node"} & set(kw))
+        if given:
+            raise TypeError(f"Cluster.from_launch: {', '.join(given)} come(s) from the launch ({layout.source})")
+        return cls(layout.world_size, **kw).with_nodes(layout)
+
 
 # Presets (per GPU).  Peak dense BF16, HBM and NVLink from NVIDIA's A100 (2021), H100
 # (2023) and H200 (2024) datasheets; network: DGX A100 has 8 × 200 Gb/s HDR (25 GB/s per

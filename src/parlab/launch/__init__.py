@@ -16,7 +16,9 @@ files), ``worker`` and ``agent`` (the rank and torchrun side), ``output``
 (where rank output goes), ``stacks`` (where each rank was), ``report``
 (facts -> exception), ``failures`` (the kind of a failure), ``results``
 (plain results), ``procs`` (process identity), ``magic`` (``%%torchrun``,
-``%%rank``, ``%parlab``), ``warm`` and ``warm_worker`` (warm groups: ``start``).
+``%%rank``, ``%parlab``), ``warm`` and ``warm_worker`` (warm groups: ``start``),
+``slurm``, ``slurm_tether`` and ``nodes`` (the Slurm queue and several nodes),
+``queue_offer`` (a lab cell's "run this through the queue" gate: ``offer_queue``).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import types
 from . import tracebacks
 from .errors import LaunchError, LaunchTimeout, WorkerError
 from .options import DEFAULT_TIMEOUT, choose_backend
+from .queue_offer import offer_queue, queue_configured
 from .runtime import device
 
 
@@ -150,4 +153,5 @@ tracebacks.install()
 __wrapped__ = launch  # inspect.signature(parlab.launch) shows launch's signature
 
 __all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WarmGroup", "WorkerError",
-           "choose_backend", "device", "launch", "run_cell", "run_script", "start"]
+           "choose_backend", "device", "launch", "offer_queue", "queue_configured", "run_cell",
+           "run_script", "start"]

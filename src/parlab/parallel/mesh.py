@@ -15,6 +15,9 @@ whose groups the tests compare with these.
 
 A *group along an axis* is the set of ranks that share the other two
 coordinates: the TP group of rank r holds the ranks with r's p and d.
+On a launch's real nodes (``parlab.parallel.node_layout.NodeLayout``, read
+from torchrun's or Slurm's variables) ``Mesh.on_nodes`` refuses a TP group
+that would leave its node, and ``placement`` says which axes cross nodes.
 
     >>> m = Mesh(pp=2, dp=2, tp=2)
     >>> m.coords(5)
@@ -72,6 +75,31 @@ class Mesh:
             raise ValueError(f"pp·dp·tp = {pp}·{dp}·{tp} = {mesh.world_size}, but the world size is "
                              f"{world_size}: choose sizes whose product is {world_size}")
         return mesh
+
+    @classmethod
+    def on_nodes(cls, layout, *, pp: int = 1, dp: int = 1, tp: int = 1) -> Mesh:
+        """The mesh on a launch's nodes (a ``NodeLayout``), after checking that TP stays inside a node.
+
+        ``layout.world_size`` must be pp·dp·tp.  TP's all-reduces block every
+        layer, so a TP group that would span two nodes is refused; use
+        ``placement`` to see which of the other axes cross nodes.
+        """
+        mesh = cls.for_world(layout.world_size, pp=pp, dp=dp, tp=tp)
+        if mesh.nodes_spanned("tp", layout) > 1:
+            raise ValueError(f"tp={tp} crosses nodes on {layout.nnodes} node(s) of {layout.per_node} "
+                             f"ranks ({layout.source}): TP's per-layer all-reduces would travel between "
+                             f"nodes. Choose a tp that divides {layout.per_node}.")
+        return mesh
+
+    def nodes_spanned(self, axis: str, layout) -> int:
+        """The most nodes that one group along ``axis`` touches on ``layout`` (1: it stays in a node)."""
+        if layout.world_size != self.world_size:
+            raise ValueError(f"{layout} holds {layout.world_size} ranks but {self} has {self.world_size}")
+        return max(len({layout.node_of(r) for r in group}) for group in self.groups(_axis(axis)))
+
+    def placement(self, layout) -> dict[str, int]:
+        """{axis: nodes_spanned(axis, layout)}: which axes cross nodes, and over how many."""
+        return {axis: self.nodes_spanned(axis, layout) for axis in AXES}
 
     @property
     def world_size(self) -> int:
