@@ -117,6 +117,13 @@ def main() -> int:
     parser.add_argument("--workers", nargs="*", type=int, default=[1, 2])
     args = parser.parse_args()
     rows, per_submission, agree, effs = [], {}, True, {}
+
+    def row(*r):  # printed as soon as it is measured, so a run cut short still reports what it did
+        rows.append(r)
+        lab, how, w, t, _, eff, same, load = r
+        print(f"measured: {lab} {how} W={w}: {t:.1f} s, {args.per_lab * 3600 / t:.0f} subs/h"
+              f"{'' if eff is None else f', ÷W {eff:.2f}'}, scores = serial: {same}, load {load:.2f}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="parlab-grade-bench-") as tmp:
         for lab in args.labs:
             base = Path(tmp) / lab
@@ -125,7 +132,7 @@ def main() -> int:
             t_serial = serial_autograde(serial, lab)
             want = gradebook_scores(serial, lab)
             per_submission[lab] = t_serial / args.per_lab
-            rows.append((lab, "nbgrader serial", 1, t_serial, 1.0, None, len(want) == args.per_lab, load))
+            row(lab, "nbgrader serial", 1, t_serial, 1.0, None, len(want) == args.per_lab, load)
             for w in args.workers:
                 root = course_with_class(base, f"parlab-{w}", lab, args.per_lab)
                 load = os.getloadavg()[0]
@@ -133,7 +140,7 @@ def main() -> int:
                 same = gradebook_scores(root, lab) == want
                 agree &= same
                 effs.setdefault(w, []).append(t_serial / t / w)
-                rows.append((lab, "parlab grade", w, t, t_serial / t, t_serial / t / w, same, load))
+                row(lab, "parlab grade", w, t, t_serial / t, t_serial / t / w, same, load)
     print(f"\n{'lab':16} {'how':16} {'W':>2} {'wall s':>8} {'subs/h':>7} {'speed-up':>8} {'÷ W':>5} "
           f"{'scores = serial':>15} {'load':>5}")
     for lab, how, w, t, speedup, eff, same, load in rows:
