@@ -13,7 +13,7 @@ The same class is graded in separate course copies:
 It prints each run's wall time, submissions per hour, the speed-up over
 serial nbgrader, the speed-up ÷ W (the efficiency), whether every score
 equals the serial score, and the load average (the machine may be shared).
-Then it projects a class of 100 students x every lab (00-07, eight) on a 112-core host (see
+Then it projects a class of 100 students x every lab under solutions/ on a 112-core host (see
 ``projection``).
 
     OMP_NUM_THREADS=1 python benchmarks/grade_class.py [--labs 00-setup 01-collectives] [--per-lab 20] [--workers 1 2]
@@ -35,6 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from class_course import (add_students, gradebook_scores, make_course, notebook, serial_autograde,  # noqa: E402
                           submit, tool_env)
 
+from nbgrader_harness import lab_names  # noqa: E402
+
 from parlab.grading.classgrade.run import widest_launch  # noqa: E402
 
 #: Seconds per submission from the README / docs/instructor.md measurements (autograde of two
@@ -42,8 +44,7 @@ from parlab.grading.classgrade.run import widest_launch  # noqa: E402
 #: for the labs this run does not measure.  Labs 03, 04 and 07 have no per-lab figure there.
 DOCUMENTED = {"00-setup": 62 / 2, "01-collectives": 136 / 2, "02-data-parallel": 165 / 2,
               "05-sharding": 214 / 2, "06-3d-parallel": 182 / 2}
-LABS = ["00-setup", "01-collectives", "02-data-parallel", "03-tensor-parallel",
-        "04-pipeline-parallel", "05-sharding", "06-3d-parallel", "07-context-expert"]
+LABS = lab_names()  # every lab under solutions/, so a new lab joins the projection
 
 
 def class_of(lab: str, root: Path, count: int) -> dict:
@@ -149,7 +150,7 @@ def main() -> int:
     widest = max(effs)
     efficiency = sum(effs[widest]) / len(effs[widest])
     print(f"\n{args.per_lab} submissions per lab, {os.cpu_count()} cores here; 'load' is the 1-minute load "
-          "average when the run started.  Projection for 100 students x the 8 labs on a 112-core host, from the "
+          f"average when the run started.  Projection for 100 students x the {len(LABS)} labs on a 112-core host, from the "
           f"per-submission cost and the efficiency measured at W = {widest} ({efficiency:.2f}):")
     print("\n".join(projection(per_submission, efficiency)))
     print("every score equals the serial nbgrader score" if agree else "SCORES DIFFER from serial nbgrader")
