@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .cores import cores_text
+
 Row = tuple[str, bool, str]
 
 
@@ -235,8 +237,7 @@ def checks() -> list[Row]:
     rows.append(("backends", backends["gloo"] or backends["nccl"], listed))
     facts = gpu_facts()
     rows += gpu_rows(facts)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    rows.append(("CPU cores", True, str(cores)))
+    rows.append(("CPU cores", True, cores_text()))
     import parlab
 
     nproc = 1 if facts.usable == 1 else 2  # NCCL needs a GPU per rank; 1 GPU tests NCCL at 1 rank

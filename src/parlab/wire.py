@@ -30,7 +30,8 @@ Where the counter comes from:
   each carries 52 bytes of headers on loopback with TCP timestamps).
 - **NCCL**: NVLink traffic counters read through NVML (the ``nvidia-ml-py``
   package, field ``NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX``, summed over the
-  GPU's links, in KiB).  These are per GPU, not per process: another job
+  GPU's links, in KiB) for the GPU the rank really has, found by its UUID
+  (NVML's own numbering ignores ``CUDA_VISIBLE_DEVICES``).  These are per GPU, not per process: another job
   using the same GPU's links at the same time is counted too, and traffic
   that NCCL sends over PCIe or the network is not.  Without NVML, or on a
   GPU without NVLink, ``sent`` is None and ``reason`` says so.
@@ -240,15 +241,32 @@ def _tcp_delta(before: dict, after: dict, count: WireCount) -> None:
     count.source, count.sent, count.retransmitted, count.segments = "tcp_info", sent, retrans, segs
 
 
-def _nvml_tx_kib(index: int):
-    """(KiB sent over all NVLinks of GPU ``index``, None) or (None, why not)."""
+def _rank_gpu_uuid() -> str | None:
+    """NVML's name ("GPU-...") of the GPU this rank's torch calls current, or None without CUDA.
+
+    NVML numbers the machine's GPUs itself and ignores ``CUDA_VISIBLE_DEVICES``:
+    on a server given GPUs 2,3, torch's ``cuda:0`` is NVML's index 2.  The
+    UUID is the same on both sides, so the GPU is looked up by it.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    return uuid if uuid.startswith(("GPU-", "MIG-")) else "GPU-" + uuid
+
+
+def _nvml_tx_kib(uuid: str | None):
+    """(KiB sent over all NVLinks of the GPU named ``uuid``, None) or (None, why not)."""
     try:
         import pynvml
     except ImportError:
         return None, "NVLink counters need NVML's Python bindings: pip install nvidia-ml-py"
+    if uuid is None:
+        return None, "this rank has no CUDA device, so there is no NVLink counter to read"
     try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         total, links = 0, 0
         for link in range(_NVLINK_MAX_LINKS):
             values = pynvml.nvmlDeviceGetFieldValues(handle, [(_NVML_TX_FIELD, link)])
@@ -282,13 +300,11 @@ def measure_wire(backend: str | None = None):
     backend = (backend or _backend() or "gloo").lower()
     count = WireCount()
     if "nccl" in backend and "gloo" not in backend:
-        import torch
-
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
-        before, why = _nvml_tx_kib(index)
+        uuid = _rank_gpu_uuid()
+        before, why = _nvml_tx_kib(uuid)
         yield count
         if why is None:
-            after, why = _nvml_tx_kib(index)
+            after, why = _nvml_tx_kib(uuid)
         if why is None:
             count.source, count.sent = "nvml", int((after - before) * 1024)
         else:

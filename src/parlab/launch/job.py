@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+from ..cores import usable_cores
 from . import nodes, options, procs, slurm
 from .errors import LaunchError, WorkerError
 from .failures import transient_reason
@@ -164,8 +165,7 @@ class Job:
 
     def _env(self) -> dict:
         env = dict(os.environ)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        threads = str(max(1, (cores or 1) // self.nproc))
+        threads = str(max(1, usable_cores() // self.nproc))
         if self.backend != "nccl":
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = threads
         else:

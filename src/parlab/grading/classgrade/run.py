@@ -22,12 +22,12 @@ submission keeps busy while it is graded; the kernel mostly waits meanwhile.
 from __future__ import annotations
 
 import importlib
-import os
 import secrets
 import subprocess
 import time
 from pathlib import Path
 
+from ...cores import usable_cores
 from . import inputs, plan, processes, worker
 from .report import Progress
 
@@ -46,8 +46,7 @@ def widest_launch(lab: str) -> int:
 
 
 def default_workers(lab: str) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // widest_launch(lab))
+    return max(1, usable_cores() // widest_launch(lab))
 
 
 class Running:
