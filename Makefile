@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-gpu doctor bench release slides clean-venv
+.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
@@ -59,6 +59,20 @@ $(SLIDES_STAMP): $(STAMP)
 
 slides: $(SLIDES_STAMP)
 	$(PY) slides/build.py
+
+# A demo of the course hub (hub/, docs/jupyterhub.md) on 127.0.0.1: an instructor and two
+# students as real Unix users (needs root), URL and logins printed; make hub-stop ends it all.
+HUB_STAMP := $(VENV)/.parlab-hub-installed
+$(HUB_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[hub]"
+	@command -v configurable-http-proxy >/dev/null || npm install -g --silent configurable-http-proxy || { echo "make hub needs configurable-http-proxy (npm install -g configurable-http-proxy; Node from Debian: apt-get install nodejs npm)"; exit 1; }
+	@touch $(HUB_STAMP)
+
+hub: $(HUB_STAMP)
+	$(PY) hub/demo.py start
+
+hub-stop:
+	$(PY) hub/demo.py stop
 
 clean-venv:
 	rm -rf $(VENV)
