@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop
+.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop student-dist
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
@@ -76,3 +76,8 @@ hub-stop:
 
 clean-venv:
 	rm -rf $(VENV)
+
+# What students get (scripts/student_dist.py): a git repository in dist/student with the package and
+# labs/, no solutions/ and no tests/; students run `make lab` in it.
+student-dist:
+	$(PYTHON) scripts/student_dist.py
