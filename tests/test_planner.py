@@ -150,7 +150,7 @@ def test_the_search_returns_the_fastest_plan_that_fits(name):
         return
     assert best.fits and sum(best.memory.values()) <= work.cluster.usable_memory
     assert best.tokens_per_second == pytest.approx(max(f.tokens_per_second for f in fitting), rel=1e-12)
-    assert set(best.plan.why) == {"dp", "tp", "pp", "zero"}
+    assert set(best.plan.why) == {"dp", "tp", "pp", "zero", "framework"}
 
 
 @pytest.mark.parametrize("name", list(planner.SCENARIOS))
@@ -213,7 +213,7 @@ def test_time_to_train_scales_steps():
 
 
 @pytest.mark.parametrize("plan,gpus,words", [
-    (Plan(dp=2, tp=1, pp=3, zero=3, micro_batch=1, accum=32, recompute=True), 6, None),  # uneven is fine
+    (Plan(dp=2, tp=1, pp=3, zero=1, micro_batch=1, accum=32, recompute=True), 6, None),  # uneven is fine
     (Plan(dp=1, tp=16, pp=1, micro_batch=1, accum=64, recompute=True), 16, "does not fit inside a node of 8 GPUs"),
     (Plan(dp=1, tp=1, pp=40, micro_batch=1, accum=64), 40, "more stages than the 32 layers"),
     (Plan(dp=8, tp=1, pp=1, micro_batch=8, accum=1), 8, "over the 72 GB"),

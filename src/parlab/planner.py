@@ -89,7 +89,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace  # noqa: F401  (replace is part of the API)
 
-from . import cost
+from . import cost, planner_frameworks
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "memory_breakdown",
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "predict",
@@ -543,9 +543,12 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         elif plan.zero == 1:  # reduce-scatter in backward, bf16 all-gather in the next forward
             dp_t = (max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
                     + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
-        elif plan.zero == 2:  # reduce-scatter after every micro-batch's backward
+        elif plan.zero == 2 and plan.tp == plan.cp == 1:  # DeepSpeed: reduce-scatter after every backward
             dp_t = (accum * max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
                     + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
+        elif plan.zero == 2:  # torchtitan's FSDP without resharding after forward: gather + reduce-scatter
+            dp_t = accum * (max(0.0, ring * BF16 / bw + n_slow * lat - fwd_mb)
+                            + max(0.0, ring * g_bytes / bw + n_slow * lat - bwd_mb))
         else:  # ZeRO-3/FSDP: per micro-batch, gather (prefetched) in forward and backward, reduce-scatter
             ag, rs = ring * BF16 / bw, ring * g_bytes / bw
             dp_t = accum * (max(0.0, ag + n_slow * lat - fwd_mb)
@@ -599,6 +602,7 @@ def problems(plan: Plan, work: Workload) -> list[str]:
                    f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
     if plan.zero and plan.dp * plan.cp == 1:
         out.append(f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
+    out.extend(planner_frameworks.unrunnable(plan))
     if not out or all("GPUs" not in o or "node" in o for o in out):
         parts = memory_breakdown(plan, m)
         need = sum(parts.values())
@@ -658,7 +662,8 @@ def candidates(work: Workload):
     tp inside a node and dividing the heads; pp up to the layers (uneven stages
     allowed); cp only for long sequences (s >= CP_FROM = 16k tokens, as
     published runs use it: Llama 3 at 131k, torchtitan from 32k), with s/cp >= 2048 and cp <= 16; v in (1, 2, 4) where the
-    layers split evenly; ZeRO 0-3; recompute "none" and "full", plus
+    layers split evenly; ZeRO 0-3 where a framework runs it (``planner_frameworks.unrunnable``:
+    not ZeRO-2/3 with pp > 1); recompute "none" and "full", plus
     "selective" when attention stores its scores (otherwise it equals "none").
     """
     m, c = work.model, work.cluster
@@ -682,8 +687,10 @@ def candidates(work: Workload):
                     for v in vs:
                         for zero in (cost.ZERO_STAGES if dp * cp > 1 else (0,)):
                             for rc in modes:
-                                yield Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, accum=accum,
-                                           recompute=rc, cp=cp, v=v, precision=work.precision)
+                                plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, accum=accum,
+                                            recompute=rc, cp=cp, v=v, precision=work.precision)
+                                if not planner_frameworks.unrunnable(plan):
+                                    yield plan
 
 
 _ZERO_ORDER = {1: 0, 0: 1, 2: 2, 3: 3}  # ZeRO-1 first: it moves no more bytes than ZeRO-0
@@ -744,6 +751,9 @@ def explained(plan: Plan, work: Workload) -> Plan:
     }
     if c.gpus_per_node < plan.tp:
         why["tp"] += " (crosses nodes!)"
+    if not planner_frameworks.unrunnable(plan):
+        why["framework"] = (f"runs on {planner_frameworks.runs_on(plan)} "
+                            "(planner_frameworks.configuration prints its configuration)")
     return replace(plan, why=why)
 
 

@@ -122,7 +122,8 @@ def _why(plan):
 
 
 def _search(work, mem=memory, tp_in_node=True, check_memory=True, recompute=("none", "full"),
-            zeros=(0, 1, 2, 3), sizes=_divisors, explain=_why, headroom=True, rows=True, cps=True):
+            zeros=(0, 1, 2, 3), sizes=_divisors, explain=_why, headroom=True, rows=True, cps=True,
+            runnable=True):
     m, c = work.model, work.cluster
     cap = c.usable_memory if headroom else c.memory
     modes = tuple(recompute) + (("selective",) if m.scores and "none" in recompute else ())
@@ -145,6 +146,8 @@ def _search(work, mem=memory, tp_in_node=True, check_memory=True, recompute=("no
                     vs = [1] + [v for v in (2, 4) if pp > 1 and m.layers % (pp * v) == 0 and accum % pp == 0]
                     for v in vs:
                         for zero in (zeros if dp * cp > 1 else (0,)):
+                            if runnable and zero >= 2 and pp > 1:  # no framework shards grads under PP
+                                continue
                             for rc in modes:
                                 plan = Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, micro_batch=mb,
                                             accum=accum, recompute=rc, v=v, precision=work.precision)
@@ -180,7 +183,8 @@ def choose_with_product(work):
         sizes = [mb for mb in range(1, rows + 1) if rows % mb == 0]
         for mb, zero, rc, v in itertools.product(sizes, range(4), modes, (1, 2, 4)):
             accum = rows // mb
-            if (zero and dp * cp == 1) or (v > 1 and (pp == 1 or m.layers % (pp * v) or accum % pp)):
+            if (zero and dp * cp == 1) or (v > 1 and (pp == 1 or m.layers % (pp * v) or accum % pp)) \
+                    or (zero >= 2 and pp > 1):
                 continue
             plan = Plan(dp, tp, pp, zero, mb, accum, rc, cp=cp, v=v, precision=work.precision)
             if memory_by_hand(plan, m) <= c.memory * c.headroom:
@@ -219,6 +223,11 @@ def choose_no_recompute(work):
 
 def choose_no_context_parallel(work):
     return _search(work, cps=False)
+
+
+def choose_shards_gradients_under_pp(work):
+    """ZeRO-2/3 with pipeline parallelism, which no framework runs (planner_frameworks)."""
+    return _search(work, runnable=False)
 
 
 def choose_rounds_accum_down(work):
@@ -264,6 +273,7 @@ WRONG = {
                (choose_no_recompute, 'recompute="full"'),
                (choose_no_context_parallel, "cp="),
                (choose_rounds_accum_down, "fewer than the global batch"),
+               (choose_shards_gradients_under_pp, "no framework shards gradients under pipeline"),
                (choose_plan_even_if_nothing_fits, "Return None when nothing fits"),
                (choose_calls_search, "planner.search"),
                (choose_without_reasons, "no line for tp, pp, zero")],

@@ -357,6 +357,8 @@ HIDDEN = (
     ChooseCase("70B on 36 GPUs in nodes of 6", Workload(_70B, Cluster(36, gpus_per_node=6), 72)),
     ChooseCase("13B, 32k tokens on 32 GPUs", Workload(ModelSpec("13B", 13e9, 40, 5120, 40, 32768),
                                                      Cluster(32), 32)),
+    # the fastest plan with ZeRO-3 under PP, which no framework runs (planner_frameworks)
+    ChooseCase("70B on 32 H100s", Workload(_70B, Cluster(32), 256)),
 )
 
 

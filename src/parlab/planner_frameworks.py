@@ -1,0 +1,184 @@
+"""Which framework runs a planner plan, and its configuration there.
+
+A plan is only worth predicting if some framework runs it the way the planner prices it.
+``runs_on(plan)`` names the framework, ``unrunnable(plan)`` lists the rules a plan breaks
+(each with its source), and ``configuration(plan, work)`` prints what to give the framework:
+Megatron-LM's command-line arguments, a torchtitan TOML file or a DeepSpeed JSON config.
+
+Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32 gradients):
+  ZeRO-0/1   Megatron-LM (ZeRO-1 is ``--use-distributed-optimizer``: it shards the fp32 main
+             weights and Adam's states over the data-parallel ranks, context-parallel ones
+             included; the gradient buffer stays whole: 6 + 12/d bytes per parameter,
+             Megatron-LM docs/source/api-guide/dist_optimizer.md).  Any dp, tp, cp, pp, v.
+  ZeRO-2     pp = tp = cp = 1: DeepSpeed's ZeRO stage 2 (gradients reduce-scattered after every
+             micro-batch's backward into their shard, weights all-gathered once per step).
+             tp or cp > 1: torchtitan's FSDP2 with ``fsdp_reshard_after_forward = "never"``,
+             which holds the whole bf16 weights from forward to backward and shards gradients
+             and optimizer states: ZeRO-2's memory, but its weights are all-gathered again in
+             every micro-batch's forward (the planner prices that, ``step_time``).
+  ZeRO-3     pp = 1: torchtitan's FSDP2 (``data_parallel_shard_degree``), with TP and CP.
+
+What no framework runs (``unrunnable``):
+  ZeRO-2/3 with pp > 1.  DeepSpeed's ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``
+        ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism",
+        deepspeed/runtime/pipe/engine.py); Megatron-LM's distributed optimizer is ZeRO-1;
+        ``torch.distributed.pipelining`` (torch 2.13, pipelining/stage.py) runs every backward
+        but the last with FSDP's ``set_requires_gradient_sync(False)`` and
+        ``set_reshard_after_backward(False)``, reduce-scattering once after the last micro-batch,
+        and torchtitan's default ``fsdp_reshard_after_forward`` keeps the weights gathered under
+        PP: gradients and weights stay whole for the step, which is ZeRO-1's memory and traffic.
+        Use zero=1.
+  TP without sequence parallelism under FSDP (ZeRO-2/3, tp > 1): torchtitan's TP plan shards
+        the norms' sequence (``SequenceParallel``) whenever TP is on.
+  precision "zero16" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's accounting: DeepSpeed runs it
+        with tp = cp = 1 (its own ``PipelineModule`` for pp > 1, ZeRO ≤ 1 there) and without
+        interleaving (its pipeline schedule is plain 1F1B, deepspeed/runtime/pipe/schedule.py).
+        Megatron-LM keeps fp32 main gradients (18 bytes per parameter) and torchtitan's FSDP
+        reduces in fp32 too: with tp, cp or interleaving use precision "fp32_grads".
+
+The configurations give the parallel layout and batch only; the model's own fields (shape,
+tokenizer, data, learning rate) are the user's.  Megatron-LM's uneven pipeline stages are
+``--pipeline-model-parallel-layout`` (experimental in Megatron-Core: "E" the embedding,
+"t" a decoder layer, "L" the loss, "|" between stages), used only when the stages are uneven.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+__all__ = ["Rule", "RULES", "FRAMEWORKS", "runs_on", "unrunnable", "configuration"]
+
+FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One thing no framework runs: ``breaks(plan)`` is True for a plan that needs it."""
+
+    name: str
+    says: str  # what to do instead
+    source: str
+
+    def breaks(self, plan) -> bool:
+        return _CHECKS[self.name](plan)
+
+
+_CHECKS = {
+    "sharded gradients under PP": lambda p: p.zero >= 2 and p.pp > 1,
+    "FSDP's TP without SP": lambda p: p.precision == "fp32_grads" and p.zero >= 2 and p.tp > 1 and not p.sp,
+    "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
+                                                                     or (p.pp > 1 and p.zero >= 2)),
+}
+
+RULES = (
+    Rule("sharded gradients under PP",
+         "ZeRO-{zero} with pp={pp}: no framework shards gradients under pipeline parallelism. DeepSpeed's "
+         "pipeline engine refuses ZeRO-2/3, Megatron-LM's distributed optimizer is ZeRO-1, and torch's "
+         "pipelining keeps FSDP's gradients (and torchtitan's gathered weights) whole until the last "
+         "micro-batch, which is ZeRO-1's memory and bytes: use zero=1",
+         "deepspeed/runtime/pipe/engine.py (assert zero stage < 2); torch/distributed/pipelining/stage.py "
+         "(set_requires_gradient_sync(False) until the last backward); Megatron-LM dist_optimizer.md"),
+    Rule("FSDP's TP without SP",
+         "tp={tp} with sp=False under ZeRO-{zero}: torchtitan, which runs FSDP with TP, always adds "
+         "sequence parallelism to its TP plan: use sp=True (or ZeRO-1 on Megatron-LM)",
+         "torchtitan models/llama3/infra/parallelize.py (apply_tp: SequenceParallel on the norms)"),
+    Rule("zero16 beyond DeepSpeed",
+         "precision \"zero16\" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's, which runs it without TP, CP or "
+         "interleaving and with ZeRO <= 1 under its pipeline: use precision \"fp32_grads\" "
+         "(Megatron-LM and torchtitan keep fp32 gradients)",
+         "deepspeed/runtime/pipe/engine.py, deepspeed/runtime/pipe/schedule.py (TrainSchedule, plain 1F1B)"),
+)
+
+
+def unrunnable(plan) -> list[str]:
+    """The rule each framework breaks for ``plan``, in words with what to use instead; [] if one runs it."""
+    fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp)
+    return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
+
+
+def runs_on(plan) -> str:
+    """The framework whose configuration runs ``plan`` as the planner prices it."""
+    found = unrunnable(plan)
+    if found:
+        raise ValueError("no framework runs this plan: " + "; ".join(found))
+    if plan.precision == "zero16":
+        return "DeepSpeed"
+    if plan.zero <= 1:
+        return "Megatron-LM"
+    if plan.zero == 2 and plan.tp == plan.cp == plan.pp == 1:
+        return "DeepSpeed"
+    return "torchtitan"
+
+
+def _layout(layers: tuple) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for these layers per stage."""
+    parts = [("E" if r == 0 else "") + f"t*{n}" + ("L" if r == len(layers) - 1 else "")
+             for r, n in enumerate(layers)]
+    return "|".join(parts)
+
+
+def _megatron(plan, work, layers) -> str:
+    m = work.model
+    args = [f"--tensor-model-parallel-size {plan.tp}", f"--pipeline-model-parallel-size {plan.pp}",
+            f"--context-parallel-size {plan.cp}", f"--micro-batch-size {plan.micro_batch}",
+            f"--global-batch-size {work.global_batch}", f"--seq-length {m.seq}",
+            f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--num-attention-heads {m.heads}",
+            f"--ffn-hidden-size {m.ffn_width}", "--bf16"]
+    if m.kv != m.heads:
+        args.append(f"--group-query-attention --num-query-groups {m.kv}")
+    if plan.sp and plan.tp > 1:
+        args.append("--sequence-parallel")
+    if plan.cp > 1:
+        args.append("--cp-comm-type p2p")
+    if plan.v > 1:
+        args.append(f"--num-layers-per-virtual-pipeline-stage {m.layers // (plan.pp * plan.v)}")
+    if len(set(layers)) > 1:
+        args.append(f"--pipeline-model-parallel-layout \"{_layout(layers)}\"")
+    if plan.zero == 1:
+        args.append("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+    elif plan.dp * plan.cp > 1:
+        args.append("--overlap-grad-reduce")
+    if plan.recompute == "full":
+        args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
+    elif plan.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    return "# Megatron-LM (pretrain_gpt.py) arguments\n" + " \\\n".join(args)
+
+
+def _torchtitan(plan, work) -> str:
+    reshard = "never" if plan.zero == 2 else "default"
+    lines = ["# torchtitan job config (TOML)", "[parallelism]",
+             "data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {plan.dp}",
+             f"fsdp_reshard_after_forward = \"{reshard}\"", f"tensor_parallel_degree = {plan.tp}",
+             f"context_parallel_degree = {plan.cp}", "pipeline_parallel_degree = 1", "",
+             "[training]", f"local_batch_size = {plan.micro_batch}",
+             f"global_batch_size = {work.global_batch}", f"seq_len = {work.model.seq}",
+             "mixed_precision_param = \"bfloat16\"", "mixed_precision_reduce = \"float32\"", "",
+             "[activation_checkpoint]", f"mode = \"{plan.recompute}\""]
+    return "\n".join(lines)
+
+
+def _deepspeed(plan, work) -> str:
+    config = {"train_batch_size": work.global_batch, "train_micro_batch_size_per_gpu": plan.micro_batch,
+              "gradient_accumulation_steps": plan.accum, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": plan.zero, "overlap_comm": True}}
+    if plan.precision == "fp32_grads":
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    notes = []
+    if plan.pp > 1:
+        notes.append(f"# the model as deepspeed.pipe.PipelineModule(layers, num_stages={plan.pp})")
+    if plan.recompute != "none":
+        notes.append("# recomputation: each layer through deepspeed.checkpointing.checkpoint (model code)")
+    return "\n".join(["# DeepSpeed config (JSON)"] + notes + [json.dumps(config, indent=2)])
+
+
+def configuration(plan, work) -> str:
+    """The configuration that runs ``plan`` for ``work`` in ``runs_on(plan)``'s framework, as text."""
+    from .planner import stage_layers
+
+    framework = runs_on(plan)
+    if framework == "Megatron-LM":
+        return _megatron(plan, work, stage_layers(plan, work.model))
+    if framework == "torchtitan":
+        return _torchtitan(plan, work)
+    return _deepspeed(plan, work)
