@@ -9,7 +9,7 @@ still running the old code never sweeps a live launch of the new code.)
 file            written by  holds
 ==============  ==========  =====================================================
 ``task.pkl``    kernel      the pickled task (function call, script or cell)
-``spec.pkl``    kernel      backend, timeouts, seed, sys.path, cell sources
+``spec.pkl``    kernel      backend, timeouts, seed, sys.path, cell sources, the store secret
 ``agent.log``   torchrun    torchrun's own output, with its failure summary
 ``tmp/``        torchrun    TMPDIR of every process of the launch
 ``out.r``       rank r      fd 1 (C++ output included), tailed by the kernel
@@ -36,6 +36,8 @@ import tempfile
 JOB_ENV = "PARLAB_JOB_DIR"
 #: Folder names are ``<PREFIX>-<kernel pid>-<kernel start time>-<random>``.
 PREFIX = "launch"
+#: The spec's per-launch secret: only this user can read it (see ``signed_store.py``).
+STORE_SECRET = "store_secret"
 
 _RECORD_FIELDS = {"rank": int, "kind": str, "exc_type": str, "message": str, "traceback": str,
                   "time": (int, float)}
@@ -84,8 +86,8 @@ class JobDir:
         os.makedirs(job.tmp)
         with open(job.task, "wb") as f:
             f.write(task_bytes)
-        with open(job.spec, "wb") as f:
-            pickle.dump(spec, f)
+        with open(job.spec, "wb") as f:  # the ranks sign what they put in the c10d store with this
+            pickle.dump({**spec, STORE_SECRET: os.urandom(32)}, f)
         return job
 
     def exists(self) -> bool:
@@ -182,18 +184,46 @@ def jobs_root() -> str:
 
 
 def private_jobs_root() -> str:
-    """The per-user folder for launches, refusing one that another user could tamper with."""
+    """The per-user folder for launches, refusing one that another user could tamper with.
+
+    Another user may have created ``$TMPDIR/parlab-<uid>`` first (a squatter), as a
+    folder or a link: it is refused.  A folder of ours that was left open to others
+    is made private again, with a notice; whatever another user put into it
+    meanwhile is never read (``sweep_stale_jobs`` skips it).
+    """
     from .errors import LaunchError
 
     root = jobs_root()
+    parent = os.path.dirname(root)
+    pst = os.stat(parent)
+    if pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX:
+        raise LaunchError(f"the temporary folder {parent} can be written by other users and has no "
+                          "sticky bit, so another user could replace your launch folders in it. Set "
+                          "TMPDIR to a folder only you can write (e.g. mkdir -m 700 ~/tmp), then retry.")
     os.makedirs(root, mode=0o700, exist_ok=True)
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise LaunchError(f"{root} is not a folder owned by you (uid {os.getuid()}); someone else may "
-                          "have created it. Remove it, or set TMPDIR to a private folder, then retry.")
-    if stat.S_IMODE(st.st_mode) & 0o077:
+        what = "a link" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+        raise LaunchError(f"{root} is not a folder owned by you (uid {os.getuid()}) but {what}; someone "
+                          "else may have created it to see or change your launches. Remove it (ask the "
+                          "administrator if it is not yours to remove), or set TMPDIR to a private "
+                          "folder, then retry.")
+    loose = stat.S_IMODE(st.st_mode) & 0o077
+    if loose:
         os.chmod(root, 0o700)
+        import sys
+
+        print(f"parlab: {root} was open to other users (mode {stat.S_IMODE(st.st_mode):04o}); it is "
+              "private again (0700). Files other users left in it are ignored.", file=sys.stderr)
     return root
+
+
+def _owned_folder(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
 
 
 def sweep_stale_jobs() -> int:
@@ -210,8 +240,9 @@ def sweep_stale_jobs() -> int:
         return 0
     for name in names:
         parts = name.split("-")
-        if len(parts) != 4 or parts[0] != PREFIX or not parts[1].isdigit():
-            continue  # not ours: leave it alone
+        if len(parts) != 4 or parts[0] != PREFIX or not parts[1].isdigit() \
+                or not _owned_folder(os.path.join(root, name)):
+            continue  # not ours (another parlab's, another user's, a link): leave it alone
         owner, token = int(parts[1]), parts[2]
         if procs.maybe_same_process(owner, None if token == "None" else token):
             continue

@@ -14,6 +14,8 @@ import time
 from parlab.launch.jobdir import JobDir
 from parlab.launch.procs import die_with_parent, start_time
 
+_STORE = None
+
 
 def _route_output(job: JobDir, rank: int) -> None:
     """Send fd 1 and 2 (C++ output included) to files the notebook tails."""
@@ -78,15 +80,36 @@ def _prepare_rank(spec: dict, rank: int):
     if backend == "auto":  # a Slurm launch: the node decides, one GPU per local rank or gloo
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         backend = "nccl" if gpus >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")) else "gloo"
+    store = _signed_store(spec, timeout)
     if backend == "nccl":
         dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
-        dist.init_process_group(init_method("nccl"), timeout=timeout, device_id=dev)
+        dist.init_process_group(init_method("nccl"), timeout=timeout, device_id=dev, **store)
     else:
         dev = torch.device("cpu")
-        dist.init_process_group(init_method(backend), timeout=timeout)
+        dist.init_process_group(init_method(backend), timeout=timeout, **store)
     runtime._set_device(dev)
     seed_everything(spec["seed"] + rank)
+
+
+def _signed_store(spec: dict, timeout) -> dict:
+    """init_process_group's store arguments: torchrun's agent store, signed (``signed_store.py``).
+
+    Empty (plain ``env://``) when torchrun does not share its agent's store.
+    """
+    import torch.distributed as dist
+
+    from parlab.launch.jobdir import STORE_SECRET
+    from parlab.launch.signed_store import SignedStore
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or STORE_SECRET not in spec:
+        return {}
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    world = int(os.environ["WORLD_SIZE"])
+    inner = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    global _STORE  # c10d keeps only the C++ half: the Python object must outlive every group
+    _STORE = SignedStore(inner, spec[STORE_SECRET], f"{host}:{port}")
+    return {"store": _STORE, "rank": int(os.environ["RANK"]), "world_size": world}
 
 
 def seed_everything(seed: int) -> None:
