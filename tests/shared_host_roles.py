@@ -16,7 +16,8 @@ connections held open through her all-reduces), runs a launch of his own,
 then forges the address that alice's rank 1 publishes for the next group.
 
 namespaced: a launch meant to run inside ``bwrap --unshare-net``; it
-publishes its store port and waits, so the test can knock from outside.
+publishes its store port, knocks on it from inside the namespace, and waits
+so the test can knock from outside.
 """
 import json
 import os
@@ -126,9 +127,34 @@ def publish_store_port_then_reduce(folder):
     return t.item()
 
 
+def store_answers(port: int) -> str:
+    """"store" when a TCPStore client gets an answer on 127.0.0.1:port, "refused" when nothing listens."""
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=3).close()
+    except ConnectionRefusedError:
+        return "refused"
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    client.num_keys()
+    return "store"
+
+
 def namespaced(folder):
-    write_json(f"{folder}/got", parlab.launch(publish_store_port_then_reduce, args=(folder,), nproc=2,
-                                              timeout=90))
+    import threading
+
+    def probe_from_inside():
+        wait_for(f"{folder}/port")
+        with open(f"{folder}/port") as f:
+            write_json(f"{folder}/inside.json", store_answers(int(f.read())))
+
+    probe = threading.Thread(target=probe_from_inside)
+    probe.start()
+    got = parlab.launch(publish_store_port_then_reduce, args=(folder,), nproc=2, timeout=90)
+    probe.join()
+    write_json(f"{folder}/got", got)
 
 
 # ---------------------------------------------------------------- bob
