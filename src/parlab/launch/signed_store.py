@@ -16,6 +16,10 @@ checked; a value without the right tag raises ``StoreTampered``, which says
 what happened.  So a foreign writer makes the launch fail with that message,
 never go on with its data.
 
+It wraps the store torchrun shares with its ranks (torch's default; with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` the ranks fall back to plain, unsigned
+``env://``, see ``worker._signed_store``).
+
 What it does not cover: counters (``add``, used for barriers) cannot carry a
 tag, and a foreign process can still delete keys or read them, so it can make
 a launch wait until its timeout; and gloo's connections themselves are not
