@@ -35,7 +35,7 @@ EP = dict(ranks=2, tokens=4, d=8, experts=4, top_k=2, seed=3)
 def activations_gb(model: planner.ModelSpec, s: int, cp: int, tp: int) -> float:
     """Every layer's activations per GPU, b = 1, with s/cp tokens, FlashAttention, SP when tp > 1."""
     per_layer = cost.activation_bytes_per_layer(s / cp, 1, model.hidden, model.heads, t=tp, sp=tp > 1,
-                                                scores=model.scores, ffn=model.ffn_width)
+                                                scores=model.scores, **model.shape)
     return model.layers * per_layer / GB
 
 

@@ -250,3 +250,24 @@ def test_ep_all_to_all_bytes_count_the_rows_that_leave_the_rank():
     assert cost.ep_comm_elems_per_layer(tokens, h, top_k, 1) == 0
     with pytest.raises(ValueError, match="top_k"):
         cost.ep_comm_elems_per_layer(tokens, h, 0, n)
+
+
+def test_swiglu_gqa_and_no_dropout_are_counted_tensor_by_tensor():
+    # Llama 2 70B's layer: h 8192, 64 heads, 8 K/V heads, SwiGLU 28,672 wide, no dropout, FlashAttention
+    s, h, a, kv, f = 4096, 8192, 64, 8, 28672
+    sbh = s * h
+    two_matrix = cost.activation_bytes_per_layer(s, 1, h, a, scores=False, ffn=f)
+    assert two_matrix == pytest.approx(sbh * (10 + 2 + 6 + 4 * f / h))  # Korthikanti's 34 with ffn/(4h)
+    llama = cost.activation_bytes_per_layer(s, 1, h, a, scores=False, ffn=f, gated=True, kv_heads=kv, dropout=False)
+    # norms 4 + inputs 4; Q 2, K and V 4·kv/a, attention output 2; gate, up and down inputs 3 × 2·f/h
+    assert llama == pytest.approx(sbh * (8 + 2 + 4 * kv / a + 2 + 6 * f / h))
+    assert llama > two_matrix  # the two-matrix count undercounts SwiGLU more than GQA and dropout save
+    t = 8
+    assert cost.activation_bytes_per_layer(s, 1, h, a, t=t, sp=True, scores=False, ffn=f, gated=True,
+                                           kv_heads=kv, dropout=False) == pytest.approx(llama / t)
+    # stored scores without dropout keep the softmax output alone: 2as/h instead of 5as/h
+    assert (cost.activation_bytes_per_layer(s, 1, h, a, dropout=False)
+            - cost.activation_bytes_per_layer(s, 1, h, a, dropout=False, scores=False)) == pytest.approx(
+        sbh * 2 * a * s / h)
+    with pytest.raises(ValueError, match="kv_heads"):
+        cost.activation_bytes_per_layer(s, 1, h, a, kv_heads=0)

@@ -265,3 +265,14 @@ def test_bad_input_gets_a_clear_error(make, words):
 
 def test_plans_compare_by_layout_not_by_their_reasons():
     assert Plan(2, 2, 2, why={"dp": "a"}) == Plan(2, 2, 2) and not math.isnan(hash(Plan(2, 2, 2)))
+
+
+def test_llama_layers_count_swiglu_gqa_and_no_dropout():
+    work = planner.SCENARIOS["7B, 32k-token sequences (64 H100s)"]
+    m = work.model
+    assert (m.gated, m.dropout) == (True, False)
+    plan = Plan(dp=32, tp=1, pp=1, zero=3, micro_batch=1, accum=2, cp=2)  # planner v2's choice, then 65.8 GB
+    two_matrix = planner.replace(m, gated=False, dropout=True)
+    assert planner.memory_per_gpu(plan, two_matrix) / 1e9 == pytest.approx(65.8, abs=0.05)
+    assert planner.memory_per_gpu(plan, m) / 1e9 == pytest.approx(73.1, abs=0.05)
+    assert any("over the 72 GB" in p for p in planner.problems(plan, work))

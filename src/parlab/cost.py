@@ -183,7 +183,9 @@ def recompute_mode(recompute) -> str:
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
-                               recompute=False, scores: bool = True, ffn: int | None = None) -> float:
+                               recompute=False, scores: bool = True, ffn: int | None = None,
+                               gated: bool = False, kv_heads: int | None = None,
+                               dropout: bool = True) -> float:
     """Activation memory of one transformer layer, 16-bit activations.
 
     Korthikanti et al. 2022 (arXiv 2205.05198), Table 2:
@@ -202,8 +204,16 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     MLP's two 4h-wide tensors (first linear's output, GeLU's output) scale
     with ffn/(4h).  Of the 34 units, 10 are the tensors TP does not split
     (LayerNorm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2);
-    24 are split by t.  Gated MLPs (SwiGLU's extra tensor), grouped-query
-    K/V and the absence of dropout are not modelled.
+    24 are split by t (Q, K and V 2 each, the attention output 2, the MLP's two
+    4h-wide tensors 8 each).  The same count for Llama-style layers:
+      ``gated``     a SwiGLU MLP (Shazeer 2020) keeps three ffn-wide tensors, the gate's and
+                    the up projection's outputs (the SiLU and the product need both) and the
+                    down projection's input: 6·ffn/h units instead of 4·ffn/h;
+      ``kv_heads``  grouped-query attention (Ainslie et al. 2023): K and V are kv_heads/a as
+                    wide as Q, 2 + 4·kv_heads/a units for Q, K, V instead of 6;
+      ``dropout``   False (Llama 2 and 3 train without it): the two sbh dropout masks go,
+                    and with stored scores the mask and dropped copy of the scores (5as/h
+                    becomes 2as/h, the softmax output alone).
     ``recompute`` is "none", "selective" or "full" (or a bool: True = "full").
     """
     for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
@@ -213,11 +223,17 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     sbh = s * b * h
     if mode == "full":
         return 2 * sbh / (t if sp else 1)
-    attn = 5 * a * s / h if scores and mode == "none" else 0.0  # scores/softmax/dropout terms
-    split = 24 + (16 * (ffn / (4 * h)) - 16 if ffn else 0)  # the parts TP splits
+    if kv_heads is not None:
+        _at_least_one("kv_heads", kv_heads)
+    per_score = 5 if dropout else 2  # softmax output (2), dropout mask (1) and output (2)
+    attn = per_score * a * s / h if scores and mode == "none" else 0.0
+    width = (ffn or 4 * h) / h
+    qkv = 2 + 4 * (kv_heads / a if kv_heads else 1)  # Q, then K and V
+    split = qkv + 2 + (6 if gated else 4) * width  # the parts TP splits: Q/K/V, attention output, MLP
+    kept = 8 + (2 if dropout else 0)  # norm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2
     if sp:
-        return sbh * (10 + split + attn) / t
-    return sbh * (10 + split / t + attn / t)
+        return sbh * (kept + split + attn) / t
+    return sbh * (kept + split / t + attn / t)
 
 
 # ---------------------------------------------------------------- communication

@@ -30,7 +30,8 @@ returns the busiest stage's:
         ``cost.activation_bytes_per_layer`` (Korthikanti et al. 2022, Table 2),
         with s/cp tokens per GPU; by default attention never stores its scores
         (FlashAttention/SDPA: 34·sbh per layer, ÷ t with SP); ``ModelSpec(scores=True)``
-        is attention that stores them (the 5as/h term).  × the stage's layers ×
+        is attention that stores them (the 5as/h term); SwiGLU's three matrices,
+        grouped-query K/V and no dropout counted as the model says (``ModelSpec.shape``).  × the stage's layers ×
         micro-batches in flight (``cost.activations_held``: 1F1B min(m, p − r);
         interleaved from Megatron's warm-up).  Plus the transient working set of
         one layer being recomputed (its "none" activations) under "full", or of
@@ -115,9 +116,12 @@ class ModelSpec:
 
     ``vocab`` V (embedding and output layer, V·h each unless ``tied``), ``ffn``
     the MLP width (default 4h), ``kv_heads`` (default = heads; fewer for
-    grouped-query attention: sets the K/V that context parallelism passes
-    around), ``scores``: True for attention that stores its s×s scores
-    (Korthikanti's 5as/h term), False (default) for FlashAttention/SDPA.
+    grouped-query attention: K/V activations and the K/V that context parallelism
+    passes around), ``scores``: True for attention that stores its s×s scores
+    (Korthikanti's 5as/h term), False (default) for FlashAttention/SDPA;
+    ``gated``: a SwiGLU MLP (three ffn-wide matrices, Llama), ``dropout``: False
+    for models trained without it (Llama 2 and 3).  ``params`` is the whole count
+    (SwiGLU's third matrix included), from which each layer's share is derived.
     """
 
     name: str
@@ -131,6 +135,8 @@ class ModelSpec:
     kv_heads: int = 0  # 0: heads
     tied: bool = False
     scores: bool = False
+    gated: bool = False
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         if not self.params > 0:
@@ -154,6 +160,11 @@ class ModelSpec:
     @property
     def kv(self) -> int:
         return self.kv_heads or self.heads
+
+    @property
+    def shape(self) -> dict:
+        """The layer's shape as ``cost.activation_bytes_per_layer`` takes it (ffn, gated, kv_heads, dropout)."""
+        return dict(ffn=self.ffn_width, gated=self.gated, kv_heads=self.kv, dropout=self.dropout)
 
     @property
     def embedding_params(self) -> float:
@@ -390,7 +401,7 @@ def stage_layers(plan: Plan, model: ModelSpec) -> tuple:
 def _act_layer(plan: Plan, model: ModelSpec, mode: str) -> float:
     return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden, model.heads,
                                            t=plan.tp, sp=plan.sp, recompute=mode, scores=model.scores,
-                                           ffn=model.ffn_width)
+                                           **model.shape)
 
 
 def _stage_params(plan: Plan, model: ModelSpec, rank: int) -> float:
@@ -763,8 +774,8 @@ def _spec(name, params, layers, hidden, heads, seq, **kw):
 
 #: The lecture's scenarios.  Shapes follow the published Llama 2/3 configurations
 #: (Touvron et al. 2023; Dubey et al. 2024) and GPT-3 XL (Brown et al. 2020).
-_7B = dict(vocab=32000, ffn=11008)
-_70B = dict(vocab=32000, ffn=28672, kv_heads=8)
+_7B = dict(vocab=32000, ffn=11008, gated=True, dropout=False)  # SwiGLU, no dropout (Touvron et al. 2023)
+_70B = dict(vocab=32000, ffn=28672, kv_heads=8, gated=True, dropout=False)
 SCENARIOS = {
     "1.3B fits one GPU (8 H100s)": Workload(_spec("1.3B", 1.3e9, 24, 2048, 16, 2048, vocab=50257),
                                             Cluster(8), 512),

@@ -45,17 +45,20 @@ def _megatron(name, params, heads, h, l, tp, pp, gpus, batch, tflops) -> Run:
                tflops * 1e12 * gpus / flops)
 
 
-L405 = ModelSpec("Llama 3 405B", 405e9, 126, 16384, 128, 8192, vocab=128256, ffn=53248, kv_heads=8)
-L8 = ModelSpec("Llama 3 8B", 8.03e9, 32, 4096, 32, 8192, vocab=128256, ffn=14336, kv_heads=8)
-L70 = ModelSpec("Llama 3 70B", 70.6e9, 80, 8192, 64, 8192, vocab=128256, ffn=28672, kv_heads=8)
+LLAMA = dict(vocab=128256, kv_heads=8, gated=True, dropout=False)  # SwiGLU, GQA, no dropout (Dubey 2024)
+L405 = ModelSpec("Llama 3 405B", 405e9, 126, 16384, 128, 8192, ffn=53248, **LLAMA)
+L8 = ModelSpec("Llama 3 8B", 8.03e9, 32, 4096, 32, 8192, ffn=14336, **LLAMA)
+L70 = ModelSpec("Llama 3 70B", 70.6e9, 80, 8192, 64, 8192, ffn=28672, **LLAMA)
 
 
 def _palm(m: ModelSpec) -> float:
     return 6 * m.params + 12 * m.layers * m.hidden * m.seq
 
 
-LLAMA_405B_MISS = ("fits only with full recomputation under the planner's activation count, and is then "
-                   "predicted at 0.68-0.70 of the reported throughput (docs/planner.md)")
+LLAMA_405B_MISS = ("without recomputation the layout needs 101.7 GB (8,192 GPUs) and 87.6 GB (16,384) per "
+                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; with full "
+                   "recomputation it fits (25.4 and 24.2 GB) but is predicted at 0.70 and 0.68. The paper does "
+                   "not say which layers Meta recomputed; the planner has no partial mode (docs/planner.md)")
 
 
 def _llama(gpus, dp, per_dp, tflops) -> Run:

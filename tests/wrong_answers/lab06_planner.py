@@ -28,7 +28,7 @@ def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None,
         return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
                                                model.heads, t=plan.tp if tp_acts is None else tp_acts,
                                                sp=plan.sp, recompute=mode, scores=model.scores,
-                                               ffn=model.ffn_width)
+                                               **model.shape)
     if held is None:
         held = (cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v) if plan.v > 1
                 else cost.activations_held(plan.pp, plan.accum, "1f1b", rank=r))
@@ -56,12 +56,15 @@ def memory_by_hand(plan, model):
         per_stage = list(plan.stages)
     s, b, h, t, V = model.seq / plan.cp, plan.micro_batch, model.hidden, plan.tp, model.vocab
     ffn = model.ffn or 4 * h
-    split = 24 + 16 * ffn / (4 * h) - 16
+    kv = model.kv_heads or model.heads
+    # Q, K and V (K, V narrower under GQA), attention output, the MLP's 2 (or SwiGLU's 3) ffn-wide tensors
+    split = 2 + 4 * kv / model.heads + 2 + (6 if model.gated else 4) * ffn / h
+    unsplit = 8 + (2 if model.dropout else 0)  # norm inputs, attention and MLP inputs, dropout masks
     if plan.recompute == "full":
         layer = 2 * s * b * h / (t if plan.sp else 1)
     else:
-        layer = s * b * h * ((10 + split) / t if plan.sp else 10 + split / t)
-    nothing_kept = s * b * h * ((10 + split) / t if plan.sp else 10 + split / t)
+        layer = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t)
+    nothing_kept = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t)
     worst = 0.0
     for r, n in enumerate(per_stage):
         psi = (n * (model.params - 2 * V * h) / model.layers + V * h * ((r == 0) + (r == plan.pp - 1))) / t

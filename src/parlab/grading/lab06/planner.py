@@ -59,7 +59,7 @@ def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=T
     def act(m):
         return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
                                                model.heads, t=tp_act, sp=plan.sp, recompute=m,
-                                               scores=model.scores, ffn=model.ffn_width)
+                                               scores=model.scores, **model.shape)
 
     totals = []
     for r in ((0,) if stage0 else range(plan.pp)):
