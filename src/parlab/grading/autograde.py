@@ -23,6 +23,22 @@ start-up and ``import torch`` per test cell.)
 Whatever the kernel did to itself, it cannot change that verdict; at most
 it can hand in a different answer, which is then what gets graded.
 
+**The student's code runs inside an operating-system boundary.**  The
+kernel (started through ``BoxedKernelManager``) and the sandbox's ranks
+(through the launcher's ``WRAPPER_ENV``) each run in a bubblewrap box of
+the submission (``parlab.grading.boundary``): read-only code, a bounded
+scratch copy of the submission, no course root, home or network beyond
+loopback, a cleared environment, and bounded memory, processes and disk.
+The kernel talks to nbgrader over ZeroMQ ``ipc`` sockets in a folder bound
+into its box (it has no network to reach a TCP port outside).  nbgrader,
+this preprocessor and the sandbox process stay outside, so the gradebook and
+the verdicts are out of the student's reach; answers leave the kernel's box
+as files of bytes in its hand-in folder, verdicts leave the ranks' box as
+plain data.  A cell that reaches a bound gets a note naming it.  Without
+``bwrap`` grading refuses to start, saying how to install it
+(``GuardedExecute.boundary = False`` turns the boundary off, for trusted
+notebooks only).
+
 **A cell that kills the kernel costs only its own points.**  nbgrader 0.9
 gives up on a whole submission when the kernel dies (``os._exit``, running
 out of memory).  Here the death is recorded as that cell's error, the kernel
@@ -42,11 +58,15 @@ import subprocess
 import sys
 import tempfile
 
+from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
 from nbclient.util import run_sync
 from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
+from traitlets import Bool, Integer
 
+from ..launch.job import WRAPPER_ENV
+from .boundary import Box, Limits
 from .harness import AUTOGRADE_ENV
 
 _LAB = re.compile(r"lab\d\d")
@@ -90,16 +110,66 @@ def _stdout(text: str) -> NotebookNode:
     return NotebookNode(output_type="stream", name="stdout", text=text)
 
 
+class BoxedKernelManager(AsyncKernelManager):
+    """A kernel started inside the submission's box, reached over ``ipc`` sockets in the box's folder."""
+
+    box: Box | None = None
+
+    def use_box(self, box: Box) -> None:
+        self.box = box
+        self.transport = "ipc"  # the box has no network of ours: Unix sockets in a folder bound into it
+        self.ip = str(box.ipc / "kernel")
+        self.connection_file = str(box.ipc / "kernel.json")
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        cmd = super().format_kernel_cmd(extra_arguments)
+        # a signal to the outer process would not reach the kernel inside: ask it by message
+        self.kernel_spec.interrupt_mode = "message"
+        return self.box.command("kernel") + cmd
+
+
+def _note(text: str) -> NotebookNode:
+    return NotebookNode(output_type="stream", name="stdout", text=f"parlab: {text}\n")
+
+
 class GuardedExecute(Execute):
-    """nbgrader's Execute with sandboxed test cells and kernel-death recovery."""
+    """nbgrader's Execute with boxed, sandboxed test cells and kernel-death recovery."""
+
+    boundary = Bool(True, help="Run the kernel and the grading ranks inside an operating-system boundary "
+                    "(bubblewrap; see parlab.grading.boundary). Turn off only for trusted notebooks.").tag(config=True)
+    box_memory_mb = Integer(Limits.memory_bytes >> 20, help="Memory of one submission, MiB").tag(config=True)
+    box_processes = Integer(Limits.processes, help="Processes of one submission").tag(config=True)
+    box_scratch_mb = Integer(Limits.scratch_bytes >> 20,
+                             help="Each writable folder of one submission (scratch copy, /tmp), MiB").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", BoxedKernelManager)
+        super().__init__(*args, **kwargs)
+
+    def create_kernel_manager(self):
+        km = super().create_kernel_manager()
+        if self._box is not None:
+            km.use_box(self._box)
+        return km
+
+    def _limits(self) -> Limits:
+        return Limits(self.box_memory_mb << 20, self.box_processes, self.box_scratch_mb << 20)
 
     def preprocess(self, nb, resources=None, km=None):
         self._workdir = tempfile.mkdtemp(prefix="parlab-autograde-")
         self._killers: set[int] = set()
         self._pending: list[tuple[int, list[dict]]] = []  # test cells whose answers were handed in
+        self._box = None
         saved = os.environ.get(AUTOGRADE_ENV)
-        os.environ[AUTOGRADE_ENV] = self._workdir  # inherited by the kernel it starts
         try:
+            if self.boundary:
+                where = (resources or {}).get("metadata", {}).get("path") or os.getcwd()
+                self._box = Box(self._workdir, where, self._limits())
+            else:
+                self.log.warning("parlab: grading WITHOUT the operating-system boundary "
+                                 "(GuardedExecute.boundary = False): the notebook's code runs as you")
+            handin = str(self._box.handin) if self._box else self._workdir
+            os.environ[AUTOGRADE_ENV] = handin  # inherited by the kernel it starts
             nb, resources = super().preprocess(nb, resources, km)
             self._grade_pending(nb)
             return nb, resources
@@ -108,6 +178,8 @@ class GuardedExecute(Execute):
                 os.environ.pop(AUTOGRADE_ENV, None)
             else:
                 os.environ[AUTOGRADE_ENV] = saved
+            if self._box is not None:
+                self._box.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     def preprocess_cell(self, cell, resources, index):
@@ -120,8 +192,10 @@ class GuardedExecute(Execute):
                 "KernelDied", "the kernel died while running this cell (os._exit, a crash, or out "
                 "of memory). The kernel was restarted and the cells above were run again, so the "
                 "rest of the notebook is still graded."))
+            self._note_bounds(cell)
             self._restart_and_replay(index)
             return cell, self.resources
+        self._note_bounds(cell)
         if _is_test_cell(cell):
             calls = graded_calls(cell.source)
             if calls:
@@ -134,11 +208,26 @@ class GuardedExecute(Execute):
                 self.nb.cells[index] = cell
         return cell, self.resources
 
+    def _note_bounds(self, cell) -> None:
+        """Say which of the submission's bounds the cell reached, if any."""
+        notes = []
+        if self._box is not None:
+            notes += [f"this cell reached the submission's bound on {what}" for what in self._box.bounds_hit()]
+            errors = " ".join(str(o.get("evalue", "")) + " ".join(o.get("traceback", []))
+                              for o in cell.get("outputs", []) if o.get("output_type") == "error")
+            if "No space left on device" in errors or "Disk quota exceeded" in errors:
+                notes.append(f"the submission's writable folders hold at most {self.box_scratch_mb} MiB each")
+            if "MemoryError" in errors:
+                notes.append(f"the submission may use at most {self.box_memory_mb} MiB of memory")
+        if any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
+            notes.append(f"each cell may run at most {self.timeout} s (Execute.timeout)")
+        cell.outputs.extend(_note(n) for n in notes)
+
     # ------------------------------------------------------------ sandbox
     def _hand_in(self, calls: list[dict], index: int) -> str | None:
         """Pickle each call's answer from the kernel as it is now; a message if one could not be."""
         for k, call in enumerate(calls):
-            call["payload"] = os.path.join(self._workdir, f"cell{index}-{k}.pkl")
+            call["payload"] = os.path.join(os.environ[AUTOGRADE_ENV], f"cell{index}-{k}.pkl")
             problem = self._dump(call["answer"], call["payload"], index)
             if problem:
                 return problem
@@ -195,6 +284,10 @@ class GuardedExecute(Execute):
                                  for index, calls in cells],
                        "verdict": verdict_path, "seconds": limit}, f)
         env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
+        if self._box is not None:
+            env[WRAPPER_ENV] = self._box.agent_wrapper()  # the ranks start in the box; this process does not
+            env["TMPDIR"] = os.path.join(self._workdir, "launches")  # launch folders of this sandbox only
+            os.makedirs(env["TMPDIR"], mode=0o700)
         proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
@@ -205,6 +298,11 @@ class GuardedExecute(Execute):
             os.killpg(proc.pid, signal.SIGKILL)  # the sandbox's own session: it and its ranks
             proc.communicate()
             crash = f"grading took longer than {self.timeout} s per test cell and was stopped."
+        if self._box is not None:
+            self._box.end_processes()  # whatever the ranks left, before reading what they decided
+            hit = self._box.bounds_hit()
+            if hit:
+                crash += f" (the grading ranks reached the submission's bound on {', '.join(hit)})"
         try:
             with open(verdict_path) as f:  # written after each cell: what finished is kept
                 return {r["key"]: r for r in json.load(f)}, crash

@@ -25,13 +25,29 @@ import contextlib
 import importlib
 import io
 import json
+import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
 
 from .harness import Payload, grade_batch, summary
 from .shared_launches import grade_shared
+
+
+def _payload(call: dict) -> Payload:
+    """The answer's bytes as the kernel left them: a plain file, never a link the kernel put there."""
+    fd = os.open(call["payload"], os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{call['payload']} is not a plain file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return Payload(f.read())
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _exercise(call: dict):
@@ -57,7 +73,7 @@ def grade_request(call: dict) -> dict:
     if exercise is None:
         return {"passed": False, "message": f"unknown check {call['lab']}.{call['check']}"}
     name, hidden = str(call["name"]), bool(call["hidden"])
-    answer = Payload(Path(call["payload"]).read_bytes())
+    answer = _payload(call)
     message = grade_batch({exercise: {name: answer}}, hidden=hidden, catch=False,
                           isolate=True)[(exercise.key, name)]
     return _verdict(exercise, call, message)
@@ -73,7 +89,7 @@ def shared_verdicts(cells: list[dict], deadline: float | None = None) -> dict:
                 key = (cell["key"], i)
                 known[key] = exercise, call
                 items.append((key, str(call["name"]), exercise,
-                              Payload(Path(call["payload"]).read_bytes()), bool(call["hidden"])))
+                              _payload(call), bool(call["hidden"])))
     after = {(cell, i): (cell, i - 1) for cell, i in known if i > 0}  # a cell stops at its first failure
     return {key: _verdict(*known[key], message)
             for key, message in grade_shared(items, after=after, deadline=deadline).items()}
