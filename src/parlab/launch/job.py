@@ -9,6 +9,7 @@ ends, every process it started is ended by pid and its folder removed.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -27,6 +28,11 @@ from .report import Facts, explain, late_exit, parse_agent_log
 from .results import decode, decode_plain
 
 _POLL = 0.05
+#: Set by the grading sandbox (``parlab.grading.autograde``): JSON ``{"command": [...], "uid": n}``.  A
+#: local launch's agent then starts through ``command`` (an operating-system boundary,
+#: ``parlab.grading.boundary``), and a rank's pid file is believed only for a process of uid ``uid``,
+#: so a rank cannot name another process for the launcher to signal.
+WRAPPER_ENV = "PARLAB_AGENT_WRAPPER"
 #: How long to wait for a rank that is writing its outcome (``ending.r`` exists).
 _SETTLE = 3.0
 
@@ -67,6 +73,7 @@ class Job:
         self.agent = None
         self.job = None
         self.sink = None
+        self.wrapper = json.loads(os.environ[WRAPPER_ENV]) if os.environ.get(WRAPPER_ENV) else None
 
     # ---------------------------------------------------------------- life cycle
 
@@ -127,7 +134,7 @@ class Job:
             env.update({"PARLAB_TETHER_OWNER": env["PARLAB_KERNEL_PID"], "PARLAB_KERNEL_PID": "0"})
             self.agent = self._popen(cmd, env)
         elif self.nnodes == 1:
-            self.agent = self._popen(agent + ["--standalone"] + worker, env)
+            self.agent = self._popen((self.wrapper or {}).get("command", []) + agent + ["--standalone"] + worker, env)
         else:
             endpoint = f"127.0.0.1:{nodes.free_port()}"
             run_id = os.path.basename(self.job.path)
@@ -141,13 +148,20 @@ class Job:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self.agent_log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
+    def _pids(self) -> dict:
+        """The ranks' pid files; under a wrapper only those naming a process of the boxed uid."""
+        pids = self.job.pids()
+        if self.wrapper is not None:
+            pids = {r: p for r, p in pids.items() if _uid_of(p[0]) == self.wrapper["uid"]}
+        return pids
+
     def _agents(self) -> list:
         return getattr(self.agent, "agents", [self.agent])
 
     def _watch_queue(self) -> None:
         """While the Slurm job waits: say why, keep the deadline off, notice when it starts."""
         now = time.monotonic()
-        if self.job.pids():
+        if self._pids():
             self.running = True
         elif now >= self._next_queue_look:
             self._next_queue_look = now + 1.0
@@ -204,7 +218,7 @@ class Job:
             except subprocess.TimeoutExpired:
                 pass
         if self.agent is not None:
-            alive = set(self.job.pids().values())
+            alive = set(self._pids().values())
             alive |= {(a.pid, procs.start_time(a.pid)) for a in self._agents() if a.poll() is None}
             alive |= set(procs.processes_with_env(JOB_ENV, self.job.path))  # e.g. a rank's children
             procs.end_processes(list(alive))
@@ -246,7 +260,7 @@ class Job:
             if self.running:
                 self.sink.progress(time.monotonic() - self.started,
                                    [r for r in range(self.nproc) if self.job.finished(r)])
-            if self.agent.poll() is not None or self._dead_ranks(self.job.pids()) \
+            if self.agent.poll() is not None or self._dead_ranks(self._pids()) \
                     or self.job.errors(self.nproc):
                 break
             if time.monotonic() > self.deadline:
@@ -293,7 +307,7 @@ class Job:
         if job is None or self.agent is None:
             return f
         self._settle(settle)
-        pids = job.pids()
+        pids = self._pids()
         f.dead = self._dead_ranks(pids)
         running = [r for r in range(self.nproc) if not job.finished(r) and r not in f.dead]
         if (f.dead or job.errors(self.nproc) or timed_out or stop_ranks) and running:
@@ -318,7 +332,7 @@ class Job:
         """Wait (briefly) for ranks that left the task and are writing their result or error."""
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
-            pids = self.job.pids()
+            pids = self._pids()
             writing = [r for r in range(self.nproc) if self.job.has("ending", r) and not self.job.finished(r)
                        and r in pids and procs.same_process(*pids[r])]
             if not writing:
@@ -350,6 +364,13 @@ class Job:
         except Exception as exc:  # noqa: BLE001
             raise LaunchError(f"rank {r}'s result could not be loaded in the notebook "
                               f"({type(exc).__name__}: {exc})") from None
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid  # Linux: the owner of /proc/PID is the process's uid
+    except OSError:
+        return None
 
 
 def _stderr_sink():
