@@ -121,6 +121,37 @@ def test_a_call_after_a_failed_one_in_its_cell_is_not_run(monkeypatch):
     assert set(got) == {"visible", "other"}
 
 
+#: Visible cases on 2 ranks, hidden ones on 3 and 1: a hidden call needs a launch of a size no visible call has.
+WIDER_HIDDEN = harness.Exercise(key="t.wider", answer="f", run=SOLO.run, grade=SOLO.grade,
+                                visible=((2, (1, 2)),), hidden=((3, (3,)), (1, (4,))))
+
+
+def cell(fn, key="cell"):
+    """A test cell's two calls, visible then hidden, of ``WIDER_HIDDEN`` on ``fn``."""
+    return ([((key, 0), fn.__name__, WIDER_HIDDEN, fn, False), ((key, 1), fn.__name__, WIDER_HIDDEN, fn, True)],
+            {(key, 1): (key, 0)})
+
+
+def test_a_call_gets_a_launch_of_its_own_size_only_once_the_calls_before_it_passed(monkeypatch):
+    """A stub that raises (a blank notebook) costs the visible launch only, not the hidden call's
+    wider one; a passing cell still costs one launch per world size, as many as before."""
+    fake = FakeLauncher([raised_in(0)])
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    calls, after = cell(double)
+    assert set(grade_shared(calls, after=after)) == {("cell", 0)}
+    assert [n for n, _, _ in fake.launches] == [2]
+    fake = FakeLauncher()
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    calls, after = cell(double)
+    assert grade_shared(calls, after=after) == {("cell", 0): None, ("cell", 1): None}
+    assert sorted(n for n, _, _ in fake.launches) == [1, 2, 3]
+    fake = FakeLauncher()
+    monkeypatch.setattr(shared_launches, "_launch", fake)
+    calls, after = cell(triple)  # wrong: the hidden call, moot, never runs
+    assert grade_shared(calls, after=after) == {("cell", 0): "triple is wrong"}
+    assert [n for n, _, _ in fake.launches] == [2]
+
+
 def test_a_pass_counts_only_once_every_world_size_ran(monkeypatch):
     """The hidden call passed on 2 ranks; its visible call then failed after another answer, so
     the hidden one never ran on 1 rank: it is not decided, the sandbox grades it alone."""

@@ -21,6 +21,12 @@ Sharing must never change a verdict, so:
   Python 3.11's ``add_note``; on 3.10 every failed shared launch goes that
   way: slower, with the same verdicts.)
 
+A call gets a launch for a world size of its own only once the calls before
+it in its test cell have passed (a cell stops at its first failure, so that
+launch could only be wasted); until then it rides along in launches that run
+anyway.  A blank notebook, whose visible calls all fail, so starts no launch
+for its hidden calls' sizes.
+
 ``grade_shared`` returns the verdicts it could decide; the sandbox grades the
 rest one launch per call (``harness.grade_batch``).
 """
@@ -91,16 +97,31 @@ def grade_shared(items: list[tuple[Hashable, str, Exercise, object, bool]], *,
     left then stays undecided.
     """
     state = _State(after or {}, deadline)
-    sizes = sorted({n for *_, ex, _, hidden in items for n, _ in ex.sets(hidden)}, reverse=True)
-    for n in sizes:
-        tasks = [(key, name, ex, answer, tuple(cases)) for key, name, ex, answer, hidden in items
-                 if state.open(key) for m, cases in ex.sets(hidden) if m == n]
-        while tasks:
-            tasks = [t for t in _one_launch(tasks, n, backend, state) if state.open(t[0])]
     # a pass counts only once the answer passed on every world size it is graded on
     every_size = {key: {n for n, _ in ex.sets(hidden)} for key, _, ex, _, hidden in items}
+    to_run = {key: set(sizes) for key, sizes in every_size.items()}
+    while sizes := {n for key, left in to_run.items() if state.open(key) and _ready(key, state, every_size)
+                    for n in left}:
+        # the widest launch that a call whose earlier calls have all passed still needs; the other
+        # open calls on that many ranks ride along (a launch costs its start, not its answers),
+        # so a call after one that fails costs no launch of its own
+        n = max(sizes)
+        tasks = [(key, name, ex, answer, tuple(cases)) for key, name, ex, answer, hidden in items
+                 if state.open(key) and n in to_run[key] for m, cases in ex.sets(hidden) if m == n]
+        for key, *_ in tasks:
+            to_run[key].discard(n)
+        while tasks:
+            tasks = [t for t in _one_launch(tasks, n, backend, state) if state.open(t[0])]
     return {k: v for k, v in state.decided.items() if k not in state.undecided
             and (v is not None or state.passed_on.get(k) == every_size[k])}
+
+
+def _ready(key, state: "_State", every_size: dict) -> bool:
+    """Whether every call before ``key`` in its cell has passed on all of its world sizes."""
+    while (key := state.after.get(key)) is not None:
+        if state.passed_on.get(key) != every_size.get(key):
+            return False
+    return True
 
 
 class _State:
