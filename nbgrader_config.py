@@ -64,6 +64,17 @@ c.Autograde.autograde_preprocessors = [
     GuardedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
+# The student's kernel and the ranks that run its answers are untrusted: each runs inside a
+# bubblewrap box of the submission (parlab/grading/boundary.py): code and environment read-only, the
+# course root (solutions/, submitted/, the gradebook), $HOME and /tmp hidden, a bounded scratch copy of
+# the submission, loopback only, an environment without tokens, and, per submission, these bounds
+# (reaching one costs that submission's cell, with a note naming the bound).  nbgrader and parlab's
+# grader stay outside the boxes.  Without bwrap grading refuses to start (apt-get install bubblewrap);
+# boundary = False runs notebooks as you, for trusted notebooks only.  See docs/instructor.md.
+c.GuardedExecute.boundary = True
+c.GuardedExecute.box_memory_mb = 6144    # memory of one submission (cgroup; else RLIMIT_AS per process)
+c.GuardedExecute.box_processes = 1024    # processes and threads of one submission
+c.GuardedExecute.box_scratch_mb = 512    # each writable folder (the scratch copy, /tmp)
 # A test cell the student deleted is put back (and graded), instead of being
 # left for manual grading where it could be given points.
 c.OverwriteCells.add_missing_cells = True

@@ -237,6 +237,9 @@ class GuardedExecute(Execute):
         """Grade every handed-in test cell in one sandbox and put its verdict in the cell."""
         if not self._pending:
             return
+        if self._box is not None:
+            self._box.end_processes()  # the kernel's box is gone; so is anything it left
+            self._box.bounds_hit()     # what the kernel's cells reached is noted already
         results, crash = self._sandbox(self._pending)
         for index, calls in self._pending:
             got = results.get(index)

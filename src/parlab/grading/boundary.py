@@ -417,7 +417,9 @@ def _set_limits(spec: dict) -> None:
     limits = spec["limits"]
     settings = [(resource.RLIMIT_CORE, 0)]
     # the box's uid is its own when root claimed one; otherwise the grader's, whose processes count too
-    settings.append((resource.RLIMIT_NPROC, limits["processes"] + (0 if spec["drop_to_uid"] else _tasks_of(os.getuid()))))
+    # (where the pids cgroup bounds the box, it is the one that binds, and it counts what it refused)
+    allowed = limits["processes"] * (2 if "pids" in spec["cgroups"] else 1)
+    settings.append((resource.RLIMIT_NPROC, allowed + (0 if spec["drop_to_uid"] else _tasks_of(os.getuid()))))
     if "memory" not in spec["cgroups"]:  # no cgroup to bound the total: bound each process (CUDA needs the cgroup)
         settings.append((resource.RLIMIT_AS, limits["memory_bytes"]))
     for which, value in settings:
@@ -436,7 +438,9 @@ def enter(mode: str, spec: dict, command: list[str]) -> None:
     _set_limits(spec)
     inner = [sys.executable, "-m", "parlab.grading.boundary", "inside", str(spec["uid"]), str(spec["gid"]),
              "copy" if mode == "kernel" else "-", "--", *command]
-    os.execv(spec["bwrap"], bwrap_args(spec, mode, cwd) + ["--", *inner])
+    # bwrap itself gets only the box's environment: its processes' environ holds no token either
+    env = _box_env(mode, cwd if mode == "kernel" else os.environ.get("TMPDIR", "/tmp"))
+    os.execve(spec["bwrap"], bwrap_args(spec, mode, cwd) + ["--", *inner], env)
 
 
 def inside(uid: int, gid: int, copy: bool, command: list[str]) -> None:

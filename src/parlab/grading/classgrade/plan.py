@@ -16,8 +16,20 @@ from . import array_slurm, inputs, merge, processes, worker
 from .report import Progress
 
 
+def require_boundary(root: Path) -> None:
+    """Refuse to grade (CourseError saying how to install it) when the boundary is on and bwrap is missing."""
+    from ..boundary import BoundaryError, bwrap_path
+
+    if inputs.load_config(root).GuardedExecute.get("boundary", True):
+        try:
+            bwrap_path()
+        except BoundaryError as exc:
+            raise inputs.CourseError(str(exc)) from None
+
+
 def select(root: Path, lab: str, force: bool, out=None) -> tuple[inputs.Course, list[inputs.Submission], Progress]:
     c = inputs.course(root)
+    require_boundary(c.root)
     a = inputs.assignment(c, lab)
     subs, rejected = inputs.find(c, a)
     todo = [s for s in subs if force or not merge.up_to_date(c, s)]

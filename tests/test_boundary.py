@@ -1,0 +1,124 @@
+"""The grading boundary's rules, read off its command lines and settings (no process started).
+
+What a box hides and exposes, what its environment keeps, that grading
+refuses without bwrap (saying how to install it), and that every way of
+grading (nbgrader autograde through the course config, parlab grade, its
+Slurm array tasks) goes through the same boxed execute step.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nbgrader_harness import REPO
+from parlab.grading import boundary
+from parlab.grading.classgrade import inputs, plan, processes, task, worker
+
+pytestmark = pytest.mark.unit
+
+SPEC = {"uid": 2000000123, "gid": 2000000123, "drop_to_uid": True, "hidden": ["/srv/course", "/root", "/home"],
+        "code": ["/srv/course/.venv", "/srv/course/src", "/usr/lib/python3.11"], "cgroups": {},
+        "limits": {"memory_bytes": 1 << 30, "processes": 64, "scratch_bytes": 1 << 20},
+        "handin": "/tmp/work/box/handin", "ipc": "/tmp/work/box/ipc", "bwrap": "/usr/bin/bwrap",
+        "hosts": "/tmp/work/box/hosts"}
+
+
+def _pairs(args: list[str], flag: str) -> list[tuple[str, str]]:
+    return [(args[i + 1], args[i + 2]) for i, a in enumerate(args) if a == flag]
+
+
+def _tmpfs(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--tmpfs"]
+
+
+def test_kernel_box_hides_the_course_and_binds_back_only_code(monkeypatch):
+    monkeypatch.setattr(boundary.os.path, "isdir", lambda p: True)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "secret")
+    monkeypatch.setenv("PARLAB_AUTOGRADE", "/tmp/work/box/handin")
+    args = boundary.bwrap_args(SPEC, "kernel", "/srv/course/autograded/ada/00-setup")
+    assert args[:2] == ["/usr/bin/bwrap", "--die-with-parent"]
+    assert {"--unshare-net", "--unshare-pid", "--unshare-ipc", "--clearenv"} <= set(args)
+    assert ("/", "/") in _pairs(args, "--ro-bind")
+    hidden = _tmpfs(args)
+    assert {"/srv/course", "/root", "/home", "/tmp", "/var/tmp", "/dev/shm"} <= set(hidden)
+    # code under the hidden course root comes back read-only; nothing else of the course does
+    assert ("/srv/course/.venv", "/srv/course/.venv") in _pairs(args, "--ro-bind")
+    assert ("/srv/course/src", "/srv/course/src") in _pairs(args, "--ro-bind")
+    assert ("/usr/lib/python3.11", "/usr/lib/python3.11") not in _pairs(args, "--ro-bind")  # never hidden
+    writable = _pairs(args, "--bind")
+    assert writable == [("/tmp/work/box/ipc", "/tmp/work/box/ipc"), ("/tmp/work/box/handin", "/tmp/work/box/handin")]
+    # the submission's folder: read-only source of the scratch copy, then a bounded tmpfs in its place
+    assert ("/srv/course/autograded/ada/00-setup", boundary.SUBMISSION_RO) in _pairs(args, "--ro-bind")
+    at = next(i for i, a in enumerate(args) if a == "--tmpfs" and args[i + 1] == "/srv/course/autograded/ada/00-setup")
+    assert args[at - 2:at] == ["--size", str(1 << 20)] and args[at + 2:at + 4] == ["--chdir", args[at + 1]]
+    # every tmpfs comes after the root it covers, and every bind after the tmpfs it lands in
+    assert args.index("/srv/course") < args.index("/srv/course/src")
+    env = dict(_pairs(args, "--setenv"))
+    assert "JUPYTERHUB_API_TOKEN" not in env and env["PARLAB_AUTOGRADE"] == "/tmp/work/box/handin"
+    assert env["HOME"] == "/srv/course/autograded/ada/00-setup" and env["USER"] == "parlab-box"
+
+
+def test_ranks_box_keeps_host_pids_and_binds_only_the_launch_folder(monkeypatch):
+    monkeypatch.setattr(boundary.os.path, "isdir", lambda p: True)
+    monkeypatch.setenv("PARLAB_JOB_DIR", "/tmp/launches/parlab-0/launch-1")
+    monkeypatch.setenv("TMPDIR", "/tmp/launches/parlab-0/launch-1/tmp")
+    monkeypatch.setenv("PARLAB_AUTOGRADE", "/tmp/work/box/handin")
+    monkeypatch.setenv("PARLAB_AGENT_WRAPPER", "{}")
+    args = boundary.bwrap_args(SPEC, "ranks", "/srv/course")
+    assert "--unshare-pid" not in args and "--unshare-net" in args  # the launcher names ranks by host pid
+    assert _pairs(args, "--bind") == [("/tmp/launches/parlab-0/launch-1", "/tmp/launches/parlab-0/launch-1")]
+    env = dict(_pairs(args, "--setenv"))
+    assert env["PARLAB_JOB_DIR"] == "/tmp/launches/parlab-0/launch-1" and env["PARLAB_KERNEL_PID"] == "0"
+    assert "PARLAB_AUTOGRADE" not in env and "PARLAB_AGENT_WRAPPER" not in env
+
+
+def test_grading_refuses_without_bwrap(monkeypatch, tmp_path):
+    monkeypatch.setattr(boundary.shutil, "which", lambda name: None)
+    with pytest.raises(boundary.BoundaryError, match="apt-get install bubblewrap"):
+        boundary.Box(tmp_path, tmp_path)
+    (tmp_path / "nbgrader_config.py").write_text((REPO / "nbgrader_config.py").read_text())
+    with pytest.raises(inputs.CourseError, match="bubblewrap.*boundary = False"):
+        plan.require_boundary(tmp_path)
+    (tmp_path / "nbgrader_config.py").write_text((REPO / "nbgrader_config.py").read_text()
+                                                 + "\nc.GuardedExecute.boundary = False\n")
+    plan.require_boundary(tmp_path)  # the documented opt-out: no refusal
+
+
+def test_every_way_of_grading_uses_the_boxed_execute_step(monkeypatch, tmp_path):
+    from parlab.grading.autograde import BoxedKernelManager, GuardedExecute
+
+    config = inputs.load_config(REPO)
+    assert GuardedExecute in config.Autograde.autograde_preprocessors
+    assert config.GuardedExecute.boundary is True
+    assert GuardedExecute(config=config).kernel_manager_class is BoxedKernelManager
+    # parlab grade's workers and the Slurm array's tasks start the same worker command
+    started = []
+    monkeypatch.setattr(processes.subprocess, "Popen", lambda cmd, **kw: started.append(cmd) or _Done())
+    processes.spawn(tmp_path, "00-setup", "ada", "tok")[1].close()
+    assert started == [worker.command(tmp_path, "00-setup", "ada")]
+    assert task.grade_one.__code__.co_names.count("spawn") == 1  # task.grade_one -> processes.spawn
+
+
+class _Done:
+    pid, returncode = 0, 0
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_course_root_is_the_outermost_config(tmp_path):
+    copy = tmp_path / ".parlab-grade" / "00-setup" / "ada"
+    (copy / "autograded" / "ada" / "00-setup").mkdir(parents=True)
+    for root in (tmp_path, copy):
+        (root / "nbgrader_config.py").write_text("")
+    assert boundary.course_root(copy / "autograded" / "ada" / "00-setup") == tmp_path
+    assert boundary.project_root() == REPO  # an editable install: its solutions/ are hidden too
+
+
+def test_limits_in_words():
+    words = boundary.Limits(3 << 30, 512, 64 << 20).describe()
+    assert words == {"memory": "3 GiB", "processes": "512 processes", "scratch": "64 MiB of scratch disk"}
+    assert json.loads(json.dumps(SPEC)) == SPEC
+    assert Path(boundary.UID_CLAIMS).is_absolute() and boundary.UID_BASE + boundary.UID_SPAN < 2 ** 31
