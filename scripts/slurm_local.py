@@ -12,8 +12,29 @@ Why dummy device files: slurmd 22.05 refuses a count-only ``gpu`` GRES
 no GPUs, so gres.conf names eight character devices made with mknod under
 DIR/dev.  Slurm only counts them; the ranks run on gloo.
 
-Each node claims this machine's cores (``CPUs``) and the memory Slurm may
-use; with ``--nodes 2`` the two slurmd share the machine and differ by name
+The scheduling settings are the ones docs/jupyterhub.md gives a DGX:
+``SelectTypeParameters=CR_Core_Memory`` (memory is a consumable, so a job
+that asks none gets ``DefMemPerCPU`` per CPU instead of the whole node),
+``DefCpuPerGPU``, ``ProctrackType=proctrack/cgroup`` and
+``TaskPlugin=task/cgroup`` with ``ConstrainRAMSpace=yes`` (cgroup v1, which
+is what this machine mounts).  Each node claims a scaled-down DGX: 8 GPUs,
+``CPUS_PER_GPU`` CPUs and ``MB_PER_GPU`` MB per GPU, the defaults a launch
+asks (``parlab.launch.slurm``), accepted by slurmd although this machine
+may have fewer cores (``SlurmdParameters=config_overrides``).  What differs
+from the DGX recipe, and why:
+
+- ``ConstrainCores=no``: the claimed cores do not all exist here, so a job
+  cannot be pinned to them; the CPUs are counted, not enforced.
+- ``ConstrainDevices=no``: the dummy GPUs are character devices 1,3 (the
+  same numbers as /dev/null); constraining devices would take /dev/null
+  away from every job that asks no GPU.
+- ``FirstJobId`` is drawn at random: slurmd names a job's cgroup
+  ``slurm_NODE/uid_UID/job_ID``, so two private clusters on one machine (two
+  test runs at once) must not both count from job 1.  Their ports must
+  differ too: ``PARLAB_SLURM_LOCAL_PORT`` moves slurmctld's from 16817 (the
+  slurmd take the next ports after port + 183).
+
+With ``--nodes 2`` the two slurmd share the machine and differ by name
 and port, so ``srun --nodes 2`` can be tried without a second machine: partition
 ``gpu`` (the default) is node n1 alone, partition ``two`` both nodes.
 """
@@ -21,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -29,17 +51,21 @@ import time
 
 DAEMONS = ("slurmd-n2", "slurmd-n1", "slurmctld", "munged")
 GPUS = 8
+CPUS_PER_GPU = 2     # = parlab.launch.slurm's default PARLAB_SLURM_CPUS_PER_GPU
+MB_PER_GPU = 4096    # = its default PARLAB_SLURM_MEM_PER_GPU (4G)
+MB_PER_CPU = MB_PER_GPU // CPUS_PER_GPU
 
 
-def _conf(dir_: str, nodes: int, cpus: int) -> str:
+def _conf(dir_: str, nodes: int) -> str:
+    port = int(os.environ.get("PARLAB_SLURM_LOCAL_PORT") or 16817)  # the slurmd listen on port+184, port+185
     names = [f"n{i}" for i in range(1, nodes + 1)]
     node_lines = "\n".join(
-        f"NodeName={n} NodeHostname={_hostname()} NodeAddr=127.0.0.1 Port={17000 + i} CPUs={cpus} "
-        f"RealMemory=1000 Gres=gpu:{GPUS} State=UNKNOWN" for i, n in enumerate(names, 1))
+        f"NodeName={n} NodeHostname={_hostname()} NodeAddr=127.0.0.1 Port={port + 183 + i} CPUs={GPUS * CPUS_PER_GPU} "
+        f"RealMemory={GPUS * MB_PER_GPU} Gres=gpu:{GPUS} State=UNKNOWN" for i, n in enumerate(names, 1))
     return f"""\
 ClusterName=parlab
 SlurmctldHost={_hostname()}(127.0.0.1)
-SlurmctldPort=16817
+SlurmctldPort={port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -50,14 +76,18 @@ SlurmctldPidFile={dir_}/slurmctld.pid
 SlurmdPidFile={dir_}/slurmd-%n.pid
 SlurmctldLogFile={dir_}/slurmctld.log
 SlurmdLogFile={dir_}/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+SlurmdParameters=config_overrides
+FirstJobId={random.randint(1000, 60_000_000)}
 MpiDefault=none
 SwitchType=switch/none
 ReturnToService=2
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU={MB_PER_CPU}
+DefCpuPerGPU={CPUS_PER_GPU}
 GresTypes=gpu
 PriorityType=priority/multifactor
 PriorityWeightFairshare=10000
@@ -72,6 +102,15 @@ MessageTimeout=10
 {node_lines}
 PartitionName=gpu Nodes=n1 Default=YES MaxTime=60 State=UP OverSubscribe=NO
 """ + (f"PartitionName=two Nodes={','.join(names)} MaxTime=60 State=UP OverSubscribe=NO\n" if nodes > 1 else "")
+
+
+CGROUP_CONF = """\
+CgroupPlugin=cgroup/v1
+CgroupMountpoint=/sys/fs/cgroup
+ConstrainRAMSpace=yes
+ConstrainCores=no
+ConstrainDevices=no
+"""
 
 
 def _hostname() -> str:
@@ -112,9 +151,10 @@ def start(dir_: str, nodes: int = 1, timeout: float = 60.0) -> None:
         path = os.path.join(dir_, "dev", f"gpu{i}")
         if not os.path.exists(path):
             os.mknod(path, 0o600 | 0o020000, os.makedev(1, 3))
-    cpus = os.cpu_count() or 1
     with open(os.path.join(dir_, "slurm.conf"), "w") as f:
-        f.write(_conf(dir_, nodes, cpus))
+        f.write(_conf(dir_, nodes))
+    with open(os.path.join(dir_, "cgroup.conf"), "w") as f:  # read from slurm.conf's folder
+        f.write(CGROUP_CONF)
     with open(os.path.join(dir_, "gres.conf"), "w") as f:
         f.write(f"Name=gpu File={dir_}/dev/gpu[0-{GPUS - 1}]\n")
     key = os.path.join(dir_, "munge", "munge.key")

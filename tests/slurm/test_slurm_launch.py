@@ -78,9 +78,9 @@ def test_bad_input_is_refused_before_anything_is_queued(monkeypatch, tmp_path):
     with pytest.raises(parlab.LaunchError, match="`sinfo .*` failed.*SLURM_CONF"):
         parlab.launch(facts, args=(1,), scheduler="slurm", gpus=2)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("PARLAB_SCHEDULER", "slurm")
+    monkeypatch.setenv("PARLAB_SCHEDULER", "slurm")  # routes nothing by itself: the launch asks for Slurm
     with pytest.raises(parlab.LaunchError, match="'sinfo', which is not on PATH"):
-        parlab.launch(facts, args=(1,), gpus=2)
+        parlab.launch(facts, args=(1,), scheduler="slurm", gpus=2)
 
 
 def test_a_job_that_reaches_its_time_limit_is_a_worker_error_saying_so():

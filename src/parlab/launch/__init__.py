@@ -70,8 +70,9 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
         nnodes: nodes to spread the ranks over (``nproc`` in all, the same
             number on each), one torchrun agent per node meeting at a c10d
             rendezvous; locally the nodes are agents on this machine.
-        scheduler: "local" (default) or "slurm" (default ``PARLAB_SCHEDULER``):
-            wait in a Slurm queue for ``gpus`` and run there (``slurm.py``).
+        scheduler: "local" (default) or "slurm": wait in a Slurm queue for
+            ``gpus`` and run there (``slurm.py``).  ``PARLAB_SCHEDULER`` does
+            not change this default; it turns on the labs' queue cells.
         gpus: GPUs to ask Slurm for, in all (default ``nproc`` defaults to it).
         partition, account: Slurm's (default ``PARLAB_SLURM_PARTITION``,
             ``PARLAB_SLURM_ACCOUNT``, else the default partition).

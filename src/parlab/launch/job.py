@@ -57,8 +57,7 @@ class Job:
             given = [k for k, v in (("gpus", gpus), ("partition", partition), ("account", account),
                                     ("time_limit", time_limit)) if v is not None]
             if given:
-                raise ValueError(f"{', '.join(given)} ask(s) Slurm for resources: pass scheduler='slurm' "
-                                 "(or set PARLAB_SCHEDULER=slurm) too")
+                raise ValueError(f"{', '.join(given)} ask(s) Slurm for resources: pass scheduler='slurm' too")
             self.nnodes = slurm.check_nnodes(nnodes)
             self.nproc, self.backend = options.choose_backend(nproc, backend)
             if self.nproc % self.nnodes:

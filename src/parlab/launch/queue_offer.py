@@ -2,10 +2,12 @@
 
 Labs 01 and 04 end a measurement with a cell that runs it again on 8 GPUs
 through the Slurm queue (``slurm.py``).  ``offer_queue`` is that cell's
-gate: it says yes when this kernel's launches are configured to go through
-Slurm (``PARLAB_SCHEDULER=slurm``, read by ``slurm.choose_scheduler``), and
+gate: it says yes when this kernel is set up for the queue
+(``PARLAB_SCHEDULER=slurm``, read here and only here), and
 otherwise prints one line saying how to turn it on, so that on a server
-without a scheduler the cell changes nothing.
+without a scheduler the cell changes nothing.  The variable routes no
+launch by itself: the cell, once offered, passes ``scheduler="slurm"``, and
+every other launch of the notebook stays local (``slurm.choose_scheduler``).
 
 It also says no while nbgrader grades the notebook (``PARLAB_AUTOGRADE`` is
 set): a class's submissions must not each queue an 8-GPU job.
@@ -21,11 +23,11 @@ _GRADING_ENV = "PARLAB_AUTOGRADE"
 
 
 def queue_configured() -> bool:
-    """Whether launches from this kernel can go through Slurm: ``PARLAB_SCHEDULER=slurm``.
+    """Whether this kernel is set up for the labs' queue cells: ``PARLAB_SCHEDULER=slurm``.
 
     A value other than "local" or "slurm" raises ``ValueError`` naming the variable.
     """
-    return choose_scheduler(None) == "slurm"
+    return choose_scheduler(os.environ.get("PARLAB_SCHEDULER") or "local", "PARLAB_SCHEDULER") == "slurm"
 
 
 def offer_queue(what: str, gpus: int) -> bool:

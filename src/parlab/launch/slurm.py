@@ -1,9 +1,22 @@
 """Launches that wait in a Slurm queue for GPUs that this server does not hold.
 
-``launch(fn, gpus=8, scheduler="slurm")`` (or ``PARLAB_SCHEDULER=slurm``)
-runs torchrun inside an interactive Slurm allocation: ``srun`` asks for the
-GPUs as generic resources (GRES), waits in the queue, then starts one
-torchrun agent per node, which starts the ranks as a local launch does.
+``launch(fn, gpus=8, scheduler="slurm")`` runs torchrun inside an
+interactive Slurm allocation: ``srun`` asks for the GPUs as generic
+resources (GRES), with CPUs and memory per GPU, waits in the queue, then
+starts one torchrun agent per node, which starts the ranks as a local
+launch does.
+
+Only a launch that passes ``scheduler="slurm"`` goes to the queue.
+``PARLAB_SCHEDULER=slurm``, set for a hub's servers, does not reroute
+anything by itself: it turns on the labs' queue cells (``queue_offer.py``),
+which then pass ``scheduler="slurm"``.  The doctor, warm groups, exercises,
+visible checks and grading keep running on the server's own CPUs/GPUs.
+
+What each launch asks per node, for each GPU it asks (for each rank when it
+asks no GPU): ``PARLAB_SLURM_CPUS_PER_GPU`` CPUs (default 2) and
+``PARLAB_SLURM_MEM_PER_GPU`` memory (default 4G; Slurm's size suffixes
+K, M, G, T, a bare number is MB).  The defaults suit the labs' small
+models; a DGX H100 has 14 cores and 256 GB per GPU for real work.
 
 Why ``srun`` and not submitit or ``sbatch``: srun streams the step's output
 back as it happens, needs nothing beyond the Slurm client the site already
@@ -47,15 +60,41 @@ class SlurmRequest:
     gpus_per_node: int
     nnodes: int
     time_limit: int | None  # seconds (asked for in minutes, Slurm's unit); None: the partition's default
+    cpus_per_node: int = 1
+    mem_mb_per_node: int = 0  # 0: Slurm's default (DefMemPerCPU)
 
 
-def choose_scheduler(scheduler) -> str:
-    source = "scheduler"
+def choose_scheduler(scheduler, source: str = "scheduler") -> str:
+    """The scheduler a launch runs under: "local" unless it passes ``scheduler="slurm"``.
+
+    ``PARLAB_SCHEDULER`` is not read here (see the module docstring): it only
+    turns on the labs' queue cells, through ``queue_offer.queue_configured``.
+    """
     if scheduler is None:
-        source, scheduler = "PARLAB_SCHEDULER", os.environ.get("PARLAB_SCHEDULER", "") or "local"
+        return "local"
     if not isinstance(scheduler, str) or scheduler.lower() not in SCHEDULERS:
         raise ValueError(f"{source} must be one of {', '.join(SCHEDULERS)}, got {scheduler!r}")
     return scheduler.lower()
+
+
+_MEM_UNITS = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def mem_mb(text, source: str) -> int:
+    """A Slurm memory size ("4G", "512M", "2048": MB) in MB; ValueError naming ``source`` otherwise."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", str(text), flags=re.I)
+    mb = math.ceil(float(found.group(1)) * _MEM_UNITS[found.group(2).upper() or "M"]) if found else 0
+    if mb < 1:
+        raise ValueError(f"{source} must be a memory size such as 4G, 512M or 2048 (MB), got {text!r}")
+    return mb
+
+
+def per_gpu_request() -> tuple[int, int]:
+    """(CPUs, MB) per GPU from PARLAB_SLURM_CPUS_PER_GPU and PARLAB_SLURM_MEM_PER_GPU (defaults 2 and 4G)."""
+    cpus = os.environ.get("PARLAB_SLURM_CPUS_PER_GPU") or "2"
+    if not cpus.strip().isdigit() or int(cpus) < 1:
+        raise ValueError(f"PARLAB_SLURM_CPUS_PER_GPU must be a whole number of CPUs, at least 1, got {cpus!r}")
+    return int(cpus), mem_mb(os.environ.get("PARLAB_SLURM_MEM_PER_GPU") or "4G", "PARLAB_SLURM_MEM_PER_GPU")
 
 
 def _whole(name: str, value, least: int) -> int:
@@ -79,7 +118,7 @@ def _client(tool: str) -> str:
     if path is None:
         raise LaunchError(f"scheduler='slurm' needs the Slurm client command {tool!r}, which is not on "
                           "PATH. Install the Slurm client (Debian: apt-get install slurm-client munge), "
-                          "or unset PARLAB_SCHEDULER to run on this server's own CPUs/GPUs.")
+                          "or leave out scheduler='slurm' to run on this server's own CPUs/GPUs.")
     return path
 
 
@@ -97,27 +136,33 @@ def run_client(args: list[str], timeout: float = 15.0) -> str:
         raise LaunchError(f"`{' '.join(args)}` failed: {said}. The Slurm controller (slurmctld) is not "
                           "reachable from this server: check SLURM_CONF (or /etc/slurm/slurm.conf) names "
                           "the controller, that munged runs with the cluster's munge key, and that "
-                          "`sinfo` works in a terminal; or unset PARLAB_SCHEDULER to run locally.")
+                          "`sinfo` works in a terminal; or leave out scheduler='slurm' to run locally.")
     return out.stdout
 
 
 def _partitions() -> dict[str, dict]:
-    """partition -> {"gres": GPUs per node, "nodes": node count, "default": bool} from sinfo."""
+    """partition -> {"gpus", "cpus", "mem": per node, "nodes": names, "default": bool} from sinfo."""
     found: dict[str, dict] = {}
-    for line in run_client(["sinfo", "-h", "-N", "-o", "%P|%N|%G"]).splitlines():
-        part, node, gres = (line.split("|") + ["", ""])[:3]
+    for line in run_client(["sinfo", "-h", "-N", "-o", "%P|%N|%G|%c|%m"]).splitlines():
+        part, node, gres, cpus, mem = (line.split("|") + ["", "", "", ""])[:5]
         default = part.endswith("*")
         part = part.rstrip("*")
         gpus = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[\w.-]+)?:(\d+)", gres))
-        p = found.setdefault(part, {"gpus": [], "nodes": set(), "default": default})
+        p = found.setdefault(part, {"gpus": [], "cpus": [], "mem": [], "nodes": set(), "default": default})
         if node not in p["nodes"]:
             p["nodes"].add(node)
             p["gpus"].append(gpus)
+            p["cpus"].append(int(cpus) if cpus.strip().isdigit() else 0)
+            p["mem"].append(int(mem) if mem.strip().isdigit() else 0)
     return found
 
 
-def check_request(nproc, gpus, nnodes, partition, account, time_limit) -> tuple[int, SlurmRequest]:
-    """(ranks, request) once Slurm has confirmed the partition can hold it; raises before queuing."""
+def check_request(nproc, gpus, nnodes, partition, account, time_limit,
+                  per_gpu: bool = True) -> tuple[int, SlurmRequest]:
+    """(ranks, request) once Slurm has confirmed the partition can hold it; raises before queuing.
+
+    ``per_gpu=False`` leaves out the CPUs and memory per GPU (``parlab grade --slurm`` asks its own).
+    """
     nnodes = check_nnodes(nnodes)
     if partition is None:
         partition = os.environ.get("PARLAB_SLURM_PARTITION") or None
@@ -135,6 +180,7 @@ def check_request(nproc, gpus, nnodes, partition, account, time_limit) -> tuple[
                 or not math.isfinite(time_limit) or time_limit <= 0:
             raise ValueError(f"time_limit must be a positive number of minutes, got {time_limit!r}")
         time_limit = max(1, math.ceil(time_limit * 60))
+    cpus_per_gpu, mb_per_gpu = per_gpu_request() if per_gpu else (0, 0)
     parts = _partitions()
     if partition is None:
         partition = next((name for name, p in parts.items() if p["default"]), None)
@@ -151,7 +197,18 @@ def check_request(nproc, gpus, nnodes, partition, account, time_limit) -> tuple[
         raise ValueError(f"gpus={gpus} over {nnodes} node(s) is more than partition {partition!r} holds "
                          f"({max(p['gpus'])} GPU(s) on its largest node, {total} in all); it would wait "
                          "forever. Ask for fewer GPUs, or more nodes.")
-    return nproc, SlurmRequest(partition, account, per_node, nnodes, time_limit)
+    units = per_node or nproc // nnodes  # GPUs on each node, or ranks when no GPU is asked
+    cpus, mb = max(1, units * cpus_per_gpu), units * mb_per_gpu
+    what = f"{units} {'GPU' if per_node else 'rank'}(s) per node"
+    if max(p["cpus"], default=0) and cpus > max(p["cpus"]):
+        raise ValueError(f"{what} at PARLAB_SLURM_CPUS_PER_GPU={cpus_per_gpu} ask {cpus} CPUs, but the nodes "
+                         f"of partition {partition!r} have at most {max(p['cpus'])}; it would wait forever. "
+                         "Lower PARLAB_SLURM_CPUS_PER_GPU, or ask for fewer GPUs per node.")
+    if p["mem"] and max(p["mem"]) and mb > max(p["mem"]):
+        raise ValueError(f"{what} at PARLAB_SLURM_MEM_PER_GPU={mb_per_gpu}M ask {mb} MB, but the nodes of "
+                         f"partition {partition!r} have at most {max(p['mem'])} MB; it would wait forever. "
+                         "Lower PARLAB_SLURM_MEM_PER_GPU, or ask for fewer GPUs per node.")
+    return nproc, SlurmRequest(partition, account, per_node, nnodes, time_limit, cpus, mb)
 
 
 def job_name(job_path: str) -> str:
@@ -165,6 +222,9 @@ def srun_command(req: SlurmRequest, name: str, command: list[str]) -> list[str]:
            f"--partition={req.partition}"]
     if req.gpus_per_node:
         cmd.append(f"--gres=gpu:{req.gpus_per_node}")
+    cmd.append(f"--cpus-per-task={req.cpus_per_node}")  # one task per node: the torchrun agent and its ranks
+    if req.mem_mb_per_node:
+        cmd.append(f"--mem={req.mem_mb_per_node}M")  # per node
     if req.account:
         cmd.append(f"--account={req.account}")
     if req.time_limit:

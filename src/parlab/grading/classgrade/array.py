@@ -54,15 +54,18 @@ GONE_AFTER = 2      # a task absent from this many squeue answers in a row has e
 def grade_class_on_slurm(root: Path, lab: str, partition: str | None = None, account: str | None = None,
                          time_limit: float | None = None, cpus_per_task: int | None = None, chunk: int = 1,
                          resume: bool = False, force: bool = False, timeout: float | None = None,
-                         out=None) -> Progress:
+                         out=None, mem: str | None = None, throttle: int | None = None,
+                         reservation: str | None = None, qos: str | None = None) -> Progress:
     from .run import widest_launch
 
     c, todo, progress = plan.select(root, lab, force, out)
-    req = array_slurm.check(partition, account, time_limit, cpus_per_task, widest_launch(lab), len(todo), chunk)
+    req = array_slurm.check(partition, account, time_limit, cpus_per_task, widest_launch(lab), len(todo), chunk,
+                            mem, throttle, reservation, qos)
     tasks, cpus = math.ceil(len(todo) / chunk), req.cpus_per_task
     plan.announce(c, lab, todo, progress, "(nothing to queue)" if not todo else
                   f"as a Slurm array of {tasks} task{'s' * (tasks != 1)} ({chunk} per task, "
-                  f"{cpus} CPU{'s' * (cpus != 1)} each, partition {req.partition})")
+                  f"{cpus} CPU{'s' * (cpus != 1)} and {req.mem_mb} MB each"
+                  f"{f', at most {req.throttle} at once' if req.throttle else ''}, partition {req.partition})")
     if not todo:
         return progress
     queue, template = plan.begin(c, lab, todo, progress, resume)

@@ -39,6 +39,15 @@ class ArrayRequest:
     account: str | None
     time_limit: int | None  # seconds per task; None: the partition's default
     cpus_per_task: int
+    mem_mb: int = 0                  # per task
+    throttle: int | None = None      # at most this many tasks at once (``--array=...%N``)
+    reservation: str | None = None
+    qos: str | None = None
+
+#: Memory per array task when --mem-per-task is not given: this much per rank of the lab's widest
+#: launch, plus as much again for nbgrader and the notebook's kernel.  A process that has imported
+#: torch and parlab holds about 230 MB here (torch 2.13 CPU build), so this leaves room to spare.
+DEFAULT_MEM_PER_RANK = "1G"
 
 
 class ArrayError(Exception):
@@ -46,10 +55,15 @@ class ArrayError(Exception):
 
 
 def check(partition: str | None, account: str | None, time_limit: float | None,
-          cpus_per_task: int | None, widest: int, submissions: int, chunk: int) -> ArrayRequest:
-    """What the array asks for, once Slurm has confirmed it can hold it; raises ArrayError before queuing."""
+          cpus_per_task: int | None, widest: int, submissions: int, chunk: int, mem: str | None = None,
+          throttle: int | None = None, reservation: str | None = None, qos: str | None = None) -> ArrayRequest:
+    """What the array asks for, once Slurm has confirmed it can hold it; raises ArrayError before queuing.
+
+    ``mem``: memory per task in Slurm's units (default 1G per rank of the widest launch, plus 1G).
+    """
     try:
-        return _check(partition, account, time_limit, cpus_per_task, widest, submissions, chunk)
+        req = _check(partition, account, time_limit, cpus_per_task, widest, submissions, chunk)
+        return _with_memory(req, widest, mem, throttle, reservation, qos)
     except LaunchError as exc:  # the client is missing or the controller unreachable: launch.slurm's words
         raise ArrayError(f"{exc} For parlab grade: leave out --slurm to grade with workers on this machine.") \
             from None
@@ -60,7 +74,7 @@ def check(partition: str | None, account: str | None, time_limit: float | None,
 def _check(partition, account, time_limit, cpus_per_task, widest, submissions, chunk) -> ArrayRequest:
     for tool in ("sbatch", "squeue", "scancel"):
         slurm.run_client([tool, "--version"])
-    _, req = slurm.check_request(1, 0, 1, partition, account, time_limit)
+    _, req = slurm.check_request(1, 0, 1, partition, account, time_limit, per_gpu=False)
     cpus = max((int(n) for n in slurm.run_client(["sinfo", "-h", "-N", "-p", req.partition, "-o", "%c"]).split()
                 if n.isdigit()), default=1)
     if cpus_per_task is None:
@@ -77,17 +91,39 @@ def _check(partition, account, time_limit, cpus_per_task, widest, submissions, c
     return ArrayRequest(req.partition, req.account, req.time_limit, cpus_per_task)
 
 
+def _with_memory(req: ArrayRequest, widest: int, mem, throttle, reservation, qos) -> ArrayRequest:
+    from dataclasses import replace
+
+    if mem is None:
+        mb = (widest + 1) * slurm.mem_mb(DEFAULT_MEM_PER_RANK, "DEFAULT_MEM_PER_RANK")
+    else:
+        mb = slurm.mem_mb(mem, "--mem-per-task")
+    sizes = [int(n) for n in slurm.run_client(["sinfo", "-h", "-N", "-p", req.partition, "-o", "%m"]).split()
+             if n.isdigit()]
+    if sizes and mb > max(sizes):
+        raise ValueError(f"--mem-per-task {mb}M but the nodes of partition {req.partition!r} have at most "
+                         f"{max(sizes)} MB; the tasks would wait forever. Pass --mem-per-task {max(sizes)}M or "
+                         "less, or another --partition.")
+    if throttle is not None and (isinstance(throttle, bool) or not isinstance(throttle, int) or throttle < 1):
+        raise ValueError(f"--throttle must be a whole number of tasks, at least 1, got {throttle!r}")
+    return replace(req, mem_mb=mb, throttle=throttle, reservation=reservation or None, qos=qos or None)
+
+
 def max_array_size() -> int | None:
     found = re.search(r"(?m)^MaxArraySize\s*=\s*(\d+)", slurm.run_client(["scontrol", "show", "config"]))
     return int(found.group(1)) if found else None
 
 
 def sbatch_command(req: ArrayRequest, name: str, tasks: int, logs: Path, cwd: Path, plan: Path) -> list[str]:
-    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--array=0-{tasks - 1}", f"--partition={req.partition}",
-           "--nodes=1", "--ntasks=1", f"--cpus-per-task={req.cpus_per_task}", f"--output={logs}/task-%a.log",
-           f"--chdir={cwd}", "--export=ALL"]
-    if req.account:
-        cmd.append(f"--account={req.account}")
+    tasks_at_once = f"%{req.throttle}" if req.throttle else ""
+    cmd = ["sbatch", "--parsable", f"--job-name={name}", f"--array=0-{tasks - 1}{tasks_at_once}",
+           f"--partition={req.partition}", "--nodes=1", "--ntasks=1", f"--cpus-per-task={req.cpus_per_task}",
+           f"--output={logs}/task-%a.log", f"--chdir={cwd}", "--export=ALL"]
+    if req.mem_mb:
+        cmd.append(f"--mem={req.mem_mb}M")
+    for option in ("account", "reservation", "qos"):
+        if getattr(req, option):
+            cmd.append(f"--{option}={getattr(req, option)}")
     if req.time_limit:
         cmd.append(f"--time={req.time_limit // 60}:{req.time_limit % 60:02d}")  # minutes:seconds
     task = [sys.executable, "-m", "parlab.grading.classgrade.task", str(plan)]

@@ -9,7 +9,8 @@ from pathlib import Path
 from . import inputs
 from .array_slurm import ArrayError
 
-SLURM_ONLY = ("partition", "account", "time_limit", "cpus_per_task", "chunk")
+SLURM_ONLY = ("partition", "account", "time_limit", "cpus_per_task", "chunk", "mem_per_task", "throttle",
+              "reservation", "qos")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,13 +33,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpus-per-task", type=int, default=None,
                    help="CPUs per array task (default: the lab's widest launch, at most a node's CPUs)")
     s.add_argument("--chunk", type=int, default=None, help="submissions per array task (default 1)")
+    s.add_argument("--mem-per-task", default=None, help="memory per array task, e.g. 4G or 2048 (MB) "
+                   "(default: 1G per rank of the lab's widest launch, plus 1G)")
+    s.add_argument("--throttle", type=int, default=None,
+                   help="at most this many array tasks at once (sbatch --array=...%%N; default: no limit)")
+    s.add_argument("--reservation", default=None, help="a Slurm reservation for the grading (sbatch --reservation)")
+    s.add_argument("--qos", default=None, help="a Slurm quality of service for the grading (sbatch --qos)")
     return p
 
 
 def main(argv: list[str]) -> int:
     p = parser()
     args = p.parse_args(argv)
-    for name in ("workers", "cpus_per_task", "chunk"):
+    for name in ("workers", "cpus_per_task", "chunk", "throttle"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.time_limit is not None and not args.time_limit > 0:
@@ -55,7 +62,8 @@ def main(argv: list[str]) -> int:
 
             progress = grade_class_on_slurm(args.root, args.lab, args.partition, args.account, args.time_limit,
                                             args.cpus_per_task, args.chunk or 1, args.resume, args.force,
-                                            args.timeout)
+                                            args.timeout, mem=args.mem_per_task, throttle=args.throttle,
+                                            reservation=args.reservation, qos=args.qos)
         else:
             from .run import grade_class
 
