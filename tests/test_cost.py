@@ -271,3 +271,19 @@ def test_swiglu_gqa_and_no_dropout_are_counted_tensor_by_tensor():
         sbh * 2 * a * s / h)
     with pytest.raises(ValueError, match="kv_heads"):
         cost.activation_bytes_per_layer(s, 1, h, a, kv_heads=0)
+
+
+def test_the_three_ways_of_context_parallelism_send_and_hold_what_they_say():
+    b, s, h, h_kv, c = 1, 32768, 4096, 1024, 4
+    chunk = b * s / c * h_kv
+    assert cost.cp_comm_elems_per_layer(b, s, h_kv, c, reverse_backward=True) == 4 * (c - 1) * chunk + 2 * (c - 1) * chunk
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, c) == 4 * (c - 1) * chunk  # K, V gathered; dK, dV scattered
+    # Ulysses: four all-to-alls, each sending (c - 1)/c of the rank's Q, K, V (or O) block
+    qkv, out = s / c * b * (h + 2 * h_kv), s / c * b * h
+    assert cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, c) == pytest.approx(2 * (c - 1) / c * (qkv + out))
+    assert cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 8) < cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 4)
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, 1) == cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 1) == 0
+    held = {m: cost.cp_kv_elems_held(b, s, h_kv, c, m) for m in ("ring", "all_gather", "all_to_all")}
+    assert held == {"ring": 4 * chunk, "all_gather": 2 * b * s * h_kv, "all_to_all": 2 * chunk}
+    with pytest.raises(ValueError, match="method must be one of"):
+        cost.cp_kv_elems_held(b, s, h_kv, c, "p2p")

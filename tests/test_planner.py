@@ -276,3 +276,17 @@ def test_llama_layers_count_swiglu_gqa_and_no_dropout():
     assert planner.memory_per_gpu(plan, two_matrix) / 1e9 == pytest.approx(65.8, abs=0.05)
     assert planner.memory_per_gpu(plan, m) / 1e9 == pytest.approx(73.1, abs=0.05)
     assert any("over the 72 GB" in p for p in planner.problems(plan, work))
+
+
+def test_collective_latency_grows_with_the_group_as_a_tree_and_buckets_are_megatrons():
+    c = Cluster(2048)
+    assert planner.group_latency(2, c, False) == planner.group_latency(8, c, False) == c.latency
+    assert planner.group_latency(256, c, True) == pytest.approx(c.network_latency * 8 / 3)
+    assert planner.group_latency(2048, c, True) == pytest.approx(c.network_latency * 11 / 3)
+    assert planner.megatron_bucket_params(8) == 40e6 and planner.megatron_bucket_params(256) == 256e6
+    # DP's latency term: buckets × the group's tree latency, once in the reduce-scatter, once in the all-gather
+    plan = Plan(dp=256, tp=1, pp=1, zero=1, micro_batch=1, accum=1)
+    slow, slower = (planner.step_time(plan, Workload(M7, Cluster(256, gpus_per_node=1, network_latency=lat), 256))["dp"]
+                    for lat in (1e-3, 2e-3))  # both large enough to be exposed
+    buckets = math.ceil(planner._stage_params(plan, M7, 0) / 256e6)
+    assert slower - slow == pytest.approx(2 * buckets * 1e-3 * math.log2(256), rel=1e-9)

@@ -322,6 +322,57 @@ def cp_comm_elems_per_layer(b: int, s: int, h_kv: int, c: int, reverse_backward:
     return chunks * s * b * h_kv / c
 
 
+def cp_allgather_elems_per_layer(b: int, s: int, h_kv: int, c: int) -> float:
+    """Elements each rank sends per layer per micro-batch under all-gather context parallelism.
+
+    Forward all-gathers the K and V chunks (each b·(s/c)·h_kv elements) so that every rank
+    holds the whole sequence's K and V, and attends its own queries to them; backward
+    reduce-scatters dK and dV.  On a ring each collective sends c − 1 chunks per rank:
+    4(c − 1) chunks, 4(c − 1)/c·s·b·h_kv elements, fewer than the ring's 6(c − 1)/c
+    (``cp_comm_elems_per_layer``) because K and V are not passed round again in backward,
+    at the price of memory: ``cp_kv_elems_held`` of the whole sequence instead of two chunks.
+    Llama 3 trained with it (Dubey et al. 2024, §3.3.2: all-gather K and V, then attend the
+    local Q); torch 2.13's ``context_parallel`` rotates K/V this way by default
+    (``set_rotate_method("allgather")``; "alltoall" is its other option); Megatron-Core
+    calls it ``cp_comm_type="all_gather"``.  c = 1 sends nothing.
+    """
+    for name, x in (("b", b), ("s", s), ("h_kv", h_kv)):
+        _nonneg(name, x)
+    _at_least_one("c", c)
+    return 4 * (c - 1) * s * b * h_kv / c
+
+
+def cp_alltoall_elems_per_layer(b: int, s: int, h: int, h_kv: int, c: int) -> float:
+    """Elements each rank sends per layer per micro-batch under all-to-all (Ulysses) context parallelism.
+
+    DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509): an all-to-all turns Q, K and V
+    from sequence-sharded (s/c tokens, all heads) into head-sharded (all s tokens, 1/c of the
+    heads), attention runs locally, and a second all-to-all turns the output back; backward
+    repeats both in reverse.  Each all-to-all keeps 1/c of the rank's (s/c)·b·width elements
+    and sends the rest: 2·(c − 1)/c·(s/c)·b·(2h + 2h_kv) in all, which shrinks as c grows,
+    where the ring's and all-gather's stay near 6 and 4 chunks of K/V.  It needs the heads
+    and the K/V heads to divide by c, so c is capped by the K/V heads (8 in Llama 3).
+    Megatron-Core calls it ``cp_comm_type="a2a"`` (and "a2a+p2p" for a2a inside a node and
+    the ring across).  c = 1 sends nothing.
+    """
+    for name, x in (("b", b), ("s", s), ("h", h), ("h_kv", h_kv)):
+        _nonneg(name, x)
+    _at_least_one("c", c)
+    return 2 * (c - 1) / c * (s / c) * b * (2 * h + 2 * h_kv)
+
+
+def cp_kv_elems_held(b: int, s: int, h_kv: int, c: int, method: str = "ring") -> float:
+    """K and V elements a rank holds for one layer's attention under each CP method: the ring
+    its own chunk and the one arriving (2 · 2·b·(s/c)·h_kv), all-gather the whole sequence's
+    (2·b·s·h_kv), all-to-all (Ulysses) all tokens of 1/c of the K/V heads (2·b·s·h_kv/c)."""
+    _at_least_one("c", c)
+    per_chunk = 2 * b * s * h_kv / c  # K and V of s/c tokens
+    held = {"ring": 2 * per_chunk, "all_gather": c * per_chunk, "all_to_all": per_chunk}
+    if method not in held:
+        raise ValueError(f"method must be one of {tuple(held)}, got {method!r}")
+    return held[method]
+
+
 def ep_comm_elems_per_layer(tokens: int, h: int, top_k: int, n: int) -> float:
     """Elements each rank sends per MoE layer per micro-batch under expert parallelism.
 

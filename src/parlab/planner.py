@@ -73,10 +73,15 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            parameter all-gathers the next forward (ZeRO-1/2 ``--overlap-param-gather``,
            FSDP prefetch).  Gradients travel in fp32 under "fp32_grads" (Megatron
            reduces its fp32 grad buffer), weights in bf16.
-Each collective costs ``latency`` plus its per-rank ring bytes / busbw: the
+Each collective costs a latency plus its per-rank ring bytes / busbw: the
 link's busbw inside a node (``Cluster.nvlink_busbw``, 370 GB/s on NVLink 4,
-nccl-tests issue #212) and ``network × network_efficiency`` across nodes.
-Left out: NCCL's algorithm choice (tree, NVLS), congestion between axes sharing
+nccl-tests issue #212) and ``network × network_efficiency`` across nodes.  The
+latency is ``Cluster.latency`` (or ``network_latency``) for a group of up to one
+node's GPUs and grows with the group as the depth of NCCL's tree, log2(n)
+(``group_latency``); point-to-point hops (PP, CP's ring) pay it once.  DP's
+gradient buckets are Megatron-Core's default, max(40M, 1M·dp) parameters each
+(``DistributedDataParallelConfig.bucket_size``).
+Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
 a link, kernel launch gaps, stragglers, the optimizer step's own time, the
 data loader, FP8, async TP, zero-bubble schedules and MoE.
 
@@ -461,6 +466,21 @@ def _crosses(span: int, c: Cluster) -> bool:
     return span > c.gpus_per_node
 
 
+def group_latency(n: int, c: Cluster, cross: bool) -> float:
+    """Seconds of latency for one collective over ``n`` ranks: the link's latency for groups up
+    to one node's size, times log2(n)/log2(node) beyond (NCCL's tree depth; an assumption: the
+    ring's 2(n − 1) steps would grow linearly, and NCCL takes the tree where latency dominates)."""
+    base = c.network_latency if cross else c.latency
+    node = max(2, c.gpus_per_node)
+    return base * max(1.0, math.log2(max(n, 1)) / math.log2(node))
+
+
+def megatron_bucket_params(dp: int) -> float:
+    """Parameters per gradient bucket in Megatron-Core: max(40M, 1M × the data-parallel size)
+    (megatron/core/distributed/distributed_data_parallel_config.py, ``bucket_size``)."""
+    return max(40e6, 1e6 * dp)
+
+
 def _bw(cross: bool, c: Cluster) -> tuple[float, float]:
     """(busbw, latency) for a link inside a node or across nodes."""
     if cross:
@@ -508,7 +528,8 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     # ---- tensor parallel: units of (t-1)/t·b·(s/cp)·h elements per layer per micro-batch
     tp = 0.0
     if t > 1:
-        bw, lat = _bw(_crosses(t, c), c)
+        cross = _crosses(t, c)
+        bw, lat = _bw(cross, c)[0], group_latency(t, c, cross)
         unit = (t - 1) / t * tokens * h * BF16 / bw  # seconds per unit
         fwd_units, fwd_calls = 4, 4
         if plan.sp:
@@ -542,11 +563,12 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     dp_t = 0.0
     d = plan.dp * plan.cp
     if d > 1:
-        bw, lat = _bw(_crosses(d * t, c), c)
+        cross = _crosses(d * t, c)
+        bw, lat = _bw(cross, c)[0], group_latency(d, c, cross)
         n_params = _stage_params(plan, m, slowest) / t
         g_bytes = cost.PRECISIONS[plan.precision][1]  # gradients reduce in their own precision
         ring = (d - 1) / d * n_params  # elements per rank per ring pass
-        buckets = max(1, math.ceil(n_params * g_bytes / 40e6))  # 40 MB buckets (Megatron's default size)
+        buckets = max(1, math.ceil(n_params / megatron_bucket_params(d)))
         fwd_mb = n_slow * fwd * tokens / rate
         bwd_mb = n_slow * (bwd + extra) * tokens / rate
         if plan.zero == 0:  # all-reduce, overlapped with the last micro-batch's backward
