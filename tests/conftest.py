@@ -9,6 +9,9 @@ Every test belongs to exactly one tier, cheapest first:
 - ``browser``   JupyterLab driven by Chromium; skipped when no browser is installed
 - ``slurm``     launches through a private Slurm started for the session
                 (tests/slurm); skipped when Slurm is not installed
+- ``hub``       the course on a real JupyterHub (hub/) with real Unix users and
+                Chromium (tests/hub); skipped without root, JupyterHub,
+                configurable-http-proxy or the browser tier's needs
 
 ``make test`` runs every tier the machine can run; ``pytest -m ranks`` (or
 ``make test PYTEST_ARGS="-m unit"``) runs one.  A module names its tier with
@@ -22,7 +25,7 @@ import shutil
 
 import pytest
 
-TIERS = ("unit", "ranks", "nbgrader", "gpu", "browser", "slurm")
+TIERS = ("unit", "ranks", "nbgrader", "gpu", "browser", "slurm", "hub")
 
 
 def pytest_configure(config):
@@ -33,6 +36,7 @@ def pytest_configure(config):
         "gpu": "needs CUDA (skipped without it)",
         "browser": "real Chromium driving JupyterLab (skipped without it)",
         "slurm": "launches through a local slurmctld and slurmd (skipped without Slurm)",
+        "hub": "the course on a real JupyterHub with Unix users and Chromium (skipped without them)",
     }
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {descriptions[tier]}")
@@ -78,6 +82,27 @@ def _slurm_reason() -> str | None:
     return None
 
 
+def _hub_reason() -> str | None:
+    try:
+        import jupyterhub  # noqa: F401
+        import jupyterhub_idle_culler  # noqa: F401
+    except ImportError:
+        return "JupyterHub is not installed (pip install -c constraints/cpu.txt -e '.[hub]')"
+    if not shutil.which("configurable-http-proxy"):
+        return "configurable-http-proxy is not installed (npm install -g configurable-http-proxy)"
+    if os.getuid() != 0:
+        return "making the course's Unix users (useradd) and switching to them needs root"
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
+    from course_hub import CourseHub
+    blocked = CourseHub.environment_blockers()
+    if blocked:
+        return (f"the students' servers run {sys.executable}, but other users cannot enter "
+                f"{', '.join(blocked)} (chmod o+x {' '.join(blocked)}, as .ci/run does)")
+    return _browser_reason()
+
+
 def pytest_collection_modifyitems(config, items):
     untiered = sorted({item.nodeid.split("::")[0] for item in items
                        if not any(item.get_closest_marker(t) for t in TIERS)})
@@ -85,7 +110,8 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("test modules without a tier marker (pytestmark = "
                                 f"pytest.mark.<{'|'.join(TIERS)}>): {', '.join(untiered)}")
     reasons = {"gpu": _cuda_reason(), "browser": _browser_reason(),
-               "slurm": _slurm_reason() if any(i.get_closest_marker("slurm") for i in items) else None}
+               "slurm": _slurm_reason() if any(i.get_closest_marker("slurm") for i in items) else None,
+               "hub": _hub_reason() if any(i.get_closest_marker("hub") for i in items) else None}
     for item in items:
         for tier, reason in reasons.items():
             if reason and item.get_closest_marker(tier):
