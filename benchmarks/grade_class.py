@@ -71,9 +71,9 @@ def course_with_class(base: Path, name: str, lab: str, count: int) -> Path:
     return root
 
 
-def parlab_grade(root: Path, lab: str, workers: int) -> float:
+def parlab_grade(root: Path, lab: str, workers: int, *extra: str) -> float:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "parlab", "grade", lab, "--workers", str(workers)], cwd=root,
+    proc = subprocess.run([sys.executable, "-m", "parlab", "grade", lab, "--workers", str(workers), *extra], cwd=root,
                           env=tool_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:

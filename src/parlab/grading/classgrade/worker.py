@@ -61,9 +61,40 @@ def prepare(c: Course, sub: Submission, template_db: Path) -> Path:
     shutil.copytree(c.source / sub.lab, root / c.source.relative_to(c.root) / sub.lab,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     shutil.copytree(sub.folder, root / c.submitted.relative_to(c.root) / sub.student / sub.lab)
+    restore_cell_roles(c.source / sub.lab, root / c.submitted.relative_to(c.root) / sub.student / sub.lab)
     shutil.copy(template_db, root / "gradebook.db")
     (root / "digest").write_text(sub.digest)
     return root
+
+
+#: What makes an nbgrader cell an answer or a test, and what it is worth: the assignment's, never the student's.
+ROLE_KEYS = ("grade", "solution", "locked", "points", "task")
+
+
+def restore_cell_roles(source: Path, submission: Path) -> None:
+    """Give each graded cell of the copied submission the assignment's role and points (by its grade_id).
+
+    A student who edits a cell's nbgrader metadata (an answer cell made a
+    test worth 100 points, say) would otherwise make nbgrader fail on the
+    submission, or grade a cell the assignment does not.
+    """
+    import nbformat
+
+    for path in submission.glob("*.ipynb"):
+        master = source / path.name
+        if not master.is_file():
+            continue
+        roles = {m["grade_id"]: m for cell in nbformat.read(master, as_version=4).cells
+                 if "grade_id" in (m := cell.get("metadata", {}).get("nbgrader", {}))}
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader")
+            if meta and meta.get("grade_id") in roles:
+                for key in ROLE_KEYS:
+                    meta.pop(key, None)
+                    if key in roles[meta["grade_id"]]:
+                        meta[key] = roles[meta["grade_id"]][key]
+        nbformat.write(nb, path)
 
 
 def command(root: Path, lab: str, student: str) -> list[str]:
