@@ -287,3 +287,14 @@ def test_the_three_ways_of_context_parallelism_send_and_hold_what_they_say():
     assert held == {"ring": 4 * chunk, "all_gather": 2 * b * s * h_kv, "all_to_all": 2 * chunk}
     with pytest.raises(ValueError, match="method must be one of"):
         cost.cp_kv_elems_held(b, s, h_kv, c, "p2p")
+
+
+def test_zero_traffic_counts_the_micro_batches_of_a_step():
+    psi, n, k = 1000, 4, 8
+    one = 2 * (n - 1) * psi / n
+    assert [cost.zero_comm_elems(psi, n, z) for z in range(4)] == [one, one, one, 1.5 * one]
+    assert cost.zero_comm_elems(psi, n, 1, micro_batches=k) == one  # whole gradients accumulate locally
+    assert cost.zero_comm_elems(psi, n, 2, micro_batches=k) == (k + 1) * (n - 1) * psi / n
+    assert cost.zero_comm_elems(psi, n, 3, micro_batches=k) == k * 3 * (n - 1) * psi / n
+    with pytest.raises(ValueError, match="micro_batches"):
+        cost.zero_comm_elems(psi, n, 2, micro_batches=0)

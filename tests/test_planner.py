@@ -290,3 +290,15 @@ def test_collective_latency_grows_with_the_group_as_a_tree_and_buckets_are_megat
                     for lat in (1e-3, 2e-3))  # both large enough to be exposed
     buckets = math.ceil(planner._stage_params(plan, M7, 0) / 256e6)
     assert slower - slow == pytest.approx(2 * buckets * 1e-3 * math.log2(256), rel=1e-9)
+
+
+def test_context_parallel_is_priced_as_the_plans_framework_runs_it():
+    from parlab import planner_frameworks
+    long = ModelSpec("7B", 7e9, 32, 4096, 32, 32768)
+    ring, gather = Plan(dp=4, tp=1, pp=1, cp=2, accum=2, zero=1), Plan(dp=4, tp=1, pp=1, cp=2, accum=2, zero=3)
+    assert (planner_frameworks.cp_method(ring), planner_frameworks.cp_method(gather)) == ("ring", "all_gather")
+    # on slow links both are exposed: the difference between two link speeds is each method's bytes / busbw
+    for plan, elems in ((ring, cost.cp_comm_elems_per_layer(1, 32768, 4096, 2, reverse_backward=True)),
+                        (gather, cost.cp_allgather_elems_per_layer(1, 32768, 4096, 2))):
+        exposed = [planner.step_time(plan, Workload(long, Cluster(8, nvlink_busbw=bw), 8))["cp"] for bw in (1e9, 2e9)]
+        assert exposed[0] - exposed[1] == pytest.approx(elems * 2 * (1 / 1e9 - 1 / 2e9) * 32 * 2)

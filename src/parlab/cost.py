@@ -251,8 +251,11 @@ def dp_comm_elems(n_params: float, dp: int, exact: bool = True) -> float:
     A ring all-reduce is a reduce-scatter then an all-gather; each moves
     (n-1)/n·Ψ elements per rank, so exact=True gives 2(n-1)/n·Ψ (0 for n=1).
     exact=False gives the large-n asymptote 2Ψ quoted by ZeRO §7.
-    ZeRO-1 and ZeRO-2 move the same volume.  Multiply by bytes per element
-    (``comm_bytes``) for bytes.
+    ZeRO-1 and ZeRO-2 move the same volume with one micro-batch per step; with
+    k micro-batches (gradient accumulation) ZeRO-1 still reduces once, while
+    ZeRO-2, which keeps only its gradient shard, reduce-scatters after every
+    backward: (k + 1)(n-1)/n·Ψ (``zero_comm_elems(..., micro_batches=k)``).
+    Multiply by bytes per element (``comm_bytes``) for bytes.
     """
     return _ring(2, n_params, dp, exact)
 
@@ -263,14 +266,29 @@ def zero3_comm_elems(n_params: float, dp: int, exact: bool = True) -> float:
     An all-gather of the weights in forward, another in backward and a
     reduce-scatter of the gradients: 3(n-1)/n·Ψ exactly on a ring
     (exact=True), asymptotically 3Ψ = 1.5× plain DP (ZeRO §7, exact=False).
+    That is one micro-batch per step: with k micro-batches FSDP gathers and
+    reduce-scatters for each, 3k(n-1)/n·Ψ, unless gradient sync and resharding
+    are turned off until the last one (``zero_comm_elems(..., micro_batches=k)``).
     """
     return _ring(3, n_params, dp, exact)
 
 
-def zero_comm_elems(n_params: float, dp: int, stage: int, exact: bool = True) -> float:
-    """Per-rank elements per step for ZeRO stage 0-3 (stages 0-2 = DP, 3 = 1.5× DP)."""
+def zero_comm_elems(n_params: float, dp: int, stage: int, exact: bool = True, micro_batches: int = 1) -> float:
+    """Per-rank elements per step for ZeRO stage 0-3 with ``micro_batches`` = k per step.
+
+    k = 1: stages 0-2 move plain DP's 2(n-1)/n·Ψ, stage 3 1.5× that.  k > 1: stages 0
+    and 1 still reduce once per step (their gradients are whole and accumulate locally);
+    stage 2 reduce-scatters after every backward and all-gathers once, (k + 1)(n-1)/n·Ψ
+    (DeepSpeed issue #2252); stage 3 gathers twice and reduce-scatters per micro-batch,
+    3k(n-1)/n·Ψ.
+    """
     _choice("stage", stage, ZERO_STAGES)
-    return zero3_comm_elems(n_params, dp, exact) if stage == 3 else dp_comm_elems(n_params, dp, exact)
+    _at_least_one("micro_batches", micro_batches)
+    if stage == 3:
+        return micro_batches * zero3_comm_elems(n_params, dp, exact)
+    if stage == 2:
+        return _ring(micro_batches + 1, n_params, dp, exact)
+    return dp_comm_elems(n_params, dp, exact)
 
 
 def tp_comm_elems_per_layer(b: int, s: int, h: int, t: int, sp: bool = False,

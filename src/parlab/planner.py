@@ -56,11 +56,14 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            ``CUDA_DEVICE_MAX_CONNECTIONS=1``) up to that GEMM's time; with SP the
            backward re-all-gather overlaps the input-gradient GEMM; under "full"
            the recomputed forward's collectives are exposed again.
-  cp       ring attention's K/V passes overlap the attention compute of the
-           current block (Liu et al. 2023); only what exceeds it is exposed.
-           The bytes are TransformerEngine's ring, which Megatron-Core runs:
-           6(c − 1)/c·s·b·h_kv per layer (``cost.cp_comm_elems_per_layer``,
-           reverse_backward=True).
+  cp       as the plan's framework runs it (``planner_frameworks.cp_method``):
+           Megatron-LM's ring (TransformerEngine's, 6(c − 1)/c·s·b·h_kv per layer,
+           ``cost.cp_comm_elems_per_layer`` reverse_backward=True), whose K/V hops
+           overlap the attention compute of the current block (Liu et al. 2023);
+           torchtitan's all-gather (torch's ``context_parallel`` default,
+           4(c − 1)/c·s·b·h_kv, ``cost.cp_allgather_elems_per_layer``), hidden only
+           behind the first local block (1/c of the attention).  Only what exceeds
+           the overlap is exposed.
   pp       one hop per micro-batch each way on the slowest boundary, exposed
            (m·v + p − 1 hops each way); each TP rank sends b·s·h/(tp·cp)
            (Narayanan et al. 2021 §4.1 scatter/gather).  Boundaries are placed by
@@ -543,15 +546,24 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         if plan.recompute == "full":
             exposed += fwd_units * unit + fwd_calls * lat
         tp = exposed * n_slow * accum
-    # ---- context parallel (ring attention), overlapped with the attention of the current block
+    # ---- context parallel, as the plan's framework runs it (planner_frameworks.cp_method)
     cp_t = 0.0
     if plan.cp > 1:
-        bw, lat = _bw(_crosses(plan.cp * t, c), c)
+        cross = _crosses(plan.cp * t, c)
+        bw = _bw(cross, c)[0]
         h_kv = h * m.kv / m.heads / t
-        comm = cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw + 3 * (plan.cp - 1) * lat
         window = 3 * 4 * h * s / t * tokens / rate  # attention fwd + bwd of this GPU's tokens
-        passes = 2 if plan.recompute == "full" else 1
-        cp_t = max(0.0, comm * (1 + (passes - 1) / 3) - window) * n_slow * accum
+        if planner_frameworks.cp_method(plan) == "ring":  # c − 1 hops each way, each behind a block
+            comm = (cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw
+                    + 3 * (plan.cp - 1) * _bw(cross, c)[1])
+            fwd_share = 1 / 3  # the forward's 2 of the ring's 6 chunks
+        else:  # all-gather K/V (and reduce-scatter dK/dV): hidden behind the first local block only
+            comm = (cost.cp_allgather_elems_per_layer(b, s, h_kv, plan.cp) * BF16 / bw
+                    + 2 * group_latency(plan.cp, c, cross))
+            window /= plan.cp
+            fwd_share = 1 / 2
+        again = fwd_share if plan.recompute == "full" else 0.0  # a recomputed forward gathers again
+        cp_t = max(0.0, comm * (1 + again) - window) * n_slow * accum
     # ---- pipeline: hops on the slowest boundary
     pp_t = 0.0
     if plan.pp > 1:

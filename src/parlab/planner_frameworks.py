@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["Rule", "RULES", "FRAMEWORKS", "runs_on", "unrunnable", "configuration"]
+__all__ = ["Rule", "RULES", "FRAMEWORKS", "runs_on", "unrunnable", "configuration", "cp_method"]
 
 FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
 
@@ -110,6 +110,13 @@ def runs_on(plan) -> str:
     return "torchtitan"
 
 
+def cp_method(plan) -> str:
+    """How the plan's framework passes K and V under context parallelism: "ring" on Megatron-LM
+    (``--cp-comm-type p2p``, its default) and DeepSpeed, "all_gather" on torchtitan, whose
+    ``context_parallel`` all-gathers K/V by default (torch 2.13, ``set_rotate_method``)."""
+    return "all_gather" if plan.precision == "fp32_grads" and plan.zero >= 2 and plan.cp > 1 else "ring"
+
+
 def _layout(layers: tuple) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for these layers per stage."""
     parts = [("E" if r == 0 else "") + f"t*{n}" + ("L" if r == len(layers) - 1 else "")
@@ -150,7 +157,8 @@ def _torchtitan(plan, work) -> str:
     lines = ["# torchtitan job config (TOML)", "[parallelism]",
              "data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {plan.dp}",
              f"fsdp_reshard_after_forward = \"{reshard}\"", f"tensor_parallel_degree = {plan.tp}",
-             f"context_parallel_degree = {plan.cp}", "pipeline_parallel_degree = 1", "",
+             f"context_parallel_degree = {plan.cp}", "pipeline_parallel_degree = 1",
+             "context_parallel_rotate_method = \"allgather\"", "",
              "[training]", f"local_batch_size = {plan.micro_batch}",
              f"global_batch_size = {work.global_batch}", f"seq_len = {work.model.seq}",
              "mixed_precision_param = \"bfloat16\"", "mixed_precision_reduce = \"float32\"", "",
