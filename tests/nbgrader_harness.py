@@ -14,7 +14,9 @@ names, cell timeout, output limits):
 3. autogrades every student, as ``nbgrader autograde <lab> --force`` does;
 4. reads each student's scores from the gradebook (nbgrader.api.Gradebook).
 
-``autograde_labs`` does steps 1 and 3 for many labs in one process each.
+``autograde_labs`` does steps 1 and 3 for many labs: one process generates
+them all, and ``streams`` processes autograde them side by side, each in its
+own copy of the course (nbgrader's gradebook is one SQLite file per course).
 
 Every process that nbgrader starts (kernels, torchrun, ranks) inherits a
 unique PARLAB_HARNESS_TOKEN environment variable; ``leftover_processes``
@@ -23,6 +25,8 @@ finds any still alive by that token, orphans included.
 from __future__ import annotations
 
 import ast
+import collections
+import concurrent.futures
 import importlib.util
 import os
 import secrets
@@ -30,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -145,14 +150,21 @@ def autograde(lab: str, submissions: dict[str, Path | str], workdir: Path | None
 
 
 def autograde_labs(labs: list[str], submissions: dict[str, Path | str], workdir: Path | None = None,
-                   timeout: float = 900) -> dict[str, dict]:
+                   timeout: float = 900, streams: int = 1) -> dict[str, dict]:
     """``autograde`` for several labs at once: {lab: result}.
 
-    One process generates every lab and one autogrades every lab (each
-    nbgrader command costs several seconds of start-up).  A submission path
-    is used for each lab it names: pass a dict {lab: path} as the value to
-    submit a different notebook per lab, or ``RELEASED``.  ``timeout`` bounds
-    each lab's share of the autograde step.
+    One process generates every lab (each nbgrader command costs several
+    seconds of start-up).  A submission path is used for each lab it names:
+    pass a dict {lab: path} as the value to submit a different notebook per
+    lab, or ``RELEASED``.  ``timeout`` bounds each lab's share of the
+    autograde step.
+
+    With ``streams`` > 1 that many autograde processes run at once, each in a
+    copy of the generated course (its own gradebook), taking the next lab
+    from one queue, costliest first (``grading_work``): on a few cores a
+    launch leaves much of the machine idle (one process starts, imports
+    torch, then waits for its ranks), so two streams share it.  Grading is
+    the same nbgrader autograde of the same files either way.
     """
     from nbgrader.api import Gradebook
 
@@ -181,22 +193,65 @@ def autograde_labs(labs: list[str], submissions: dict[str, Path | str], workdir:
                 nbformat.write(nb, dest / notebook)
             else:
                 shutil.copy(release_dir / lab / notebook if path == RELEASED else path, dest / notebook)
-    grade = _run_here("autograde", root, labs, env, timeout * len(labs))
+    start = time.perf_counter()
+    graded_in = _autograde_in_streams(root, labs, env, timeout, streams)
+    grade = time.perf_counter() - start
 
     course_id = release_script.load_config(root).CourseDirectory.course_id
     out: dict[str, dict] = {}
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", course_id) as gb:
-        for lab in labs:
-            results: dict[str, dict] = {"_run": {"root": root, "token": token, "generate_seconds": gen,
-                                                 "autograde_seconds": grade, "labs": len(labs)}}
+    for lab in labs:
+        course = graded_in[lab]
+        results: dict[str, dict] = {"_run": {"root": course, "token": token, "generate_seconds": gen,
+                                             "autograde_seconds": grade, "labs": len(labs),
+                                             "streams": len(set(graded_in.values()))}}
+        with Gradebook(f"sqlite:///{course / 'gradebook.db'}", course_id) as gb:
             for student in submissions:
                 sub = gb.find_submission(lab, student)
                 cells = {g.name: (g.score, g.max_score) for nb in sub.notebooks for g in nb.grades}
-                done = root / "autograded" / student / lab / source_notebook(lab).name
+                done = course / "autograded" / student / lab / source_notebook(lab).name
                 results[student] = {"score": sub.score, "max_score": sub.max_score, "cells": cells,
                                     "seconds": notebook_seconds(done), "autograded": done}
-            out[lab] = results
+        out[lab] = results
     return out
+
+
+def grading_work(lab: str) -> int:
+    """How much grading a lab asks for, to order the queue: the check calls in its test cells."""
+    nb = nbformat.read(source_notebook(lab), as_version=4)
+    return sum(cell.source.count(f"lab{lab[:2]}.check_") for cell in nb.cells
+               if cell.metadata.get("nbgrader", {}).get("grade"))
+
+
+def _autograde_in_streams(root: Path, labs: list[str], env: dict, timeout: float, streams: int) -> dict:
+    """Autograde ``labs`` in ``streams`` processes at a time; {lab: the course root it was graded in}."""
+    streams = max(1, min(streams, len(labs)))
+    if streams == 1:
+        _run_here("autograde", root, labs, env, timeout * len(labs))
+        return {lab: root for lab in labs}
+    courses = [root / "streams" / str(i) for i in range(streams)]
+    for course in courses:
+        shutil.copytree(root, course, ignore=shutil.ignore_patterns("streams"))
+    queue = collections.deque(sorted(labs, key=grading_work, reverse=True))
+    lock, graded_in, failures = threading.Lock(), {}, []
+
+    def stream(course: Path) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                lab = queue.popleft()
+            try:
+                _run_here("autograde", course, [lab], env, timeout)
+                graded_in[lab] = course
+            except (RuntimeError, subprocess.TimeoutExpired) as err:  # the other labs still get graded
+                failures.append(str(err))
+
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        for done in [pool.submit(stream, course) for course in courses]:
+            done.result()
+    if failures:
+        raise RuntimeError("\n\n".join(failures))
+    return graded_in
 
 
 def _run_here(step: str, root: Path, labs: list[str], env: dict, timeout: float) -> float:

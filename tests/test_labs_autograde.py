@@ -5,10 +5,13 @@ graded cells (``graded_cells_only``): nbgrader scores only those, and each
 of its test cells must fail because its answer is missing, not because a
 demonstration cell was cut.
 
-One generation and one autograde process grade both students in every
-selected lab (each nbgrader command costs several seconds of start-up).  Afterwards no process that the run started
-(kernels, torchrun, ranks) may still be alive.  Timings are printed (run
-pytest with -s to see them) and also reported on failure.
+One generation process makes every selected lab, and ``STREAMS`` autograde
+processes, one per usable core, grade both students of each lab side by side
+(``nbgrader_harness.autograde_labs``; each nbgrader command costs several
+seconds of start-up, and one stream leaves cores idle while its launches
+start).  Afterwards no process that the run started (kernels, torchrun,
+ranks) may still be alive.  Timings are printed (run pytest with -s to see
+them) and also reported on failure.
 """
 import re
 import time
@@ -17,11 +20,14 @@ import nbformat
 import pytest
 
 from nbgrader_harness import RELEASED_GRADED_CELLS, autograde_labs, lab_names, leftover_processes, source_notebook
+from parlab.cores import usable_cores
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(2700)]  # the first test waits for every lab
 
 #: A blank lab must fail fast: no cell may get near nbgrader's cell timeout.
 BLANK_SECONDS = 240
+#: Autograde processes at once: one per core the tests may use.
+STREAMS = usable_cores()
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +43,13 @@ def course(request, tmp_path_factory):
                    if item.path == here and hasattr(item, "callspec")})
     results = autograde_labs(labs, {"solution": {lab: source_notebook(lab) for lab in labs},
                                     "blank": RELEASED_GRADED_CELLS},
-                             workdir=tmp_path_factory.mktemp("course"))
+                             workdir=tmp_path_factory.mktemp("course"), streams=STREAMS)
     for lab, result in results.items():
         run = result["_run"]
         print(f"\n[{lab}] notebooks: solution {result['solution']['seconds']:.1f} s, "
               f"blank {result['blank']['seconds']:.1f} s")
-    print(f"\n[{len(labs)} labs] generate {run['generate_seconds']:.1f} s, autograde (2 students each) "
-          f"{run['autograde_seconds']:.1f} s")
+    print(f"\n[{len(labs)} labs] generate {run['generate_seconds']:.1f} s, autograde (2 students each, "
+          f"{run['streams']} at once) {run['autograde_seconds']:.1f} s")
     return results
 
 
