@@ -170,7 +170,7 @@ while True:
                 os.fork()
             except OSError:
                 pass
-            time.sleep(1)
+            time.sleep(5)
     born += 1
 '''
 

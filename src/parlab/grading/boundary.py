@@ -66,6 +66,8 @@ KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_
 #: The launcher's own variables, kept in the ranks' box.
 LAUNCH_ENV = ("PARLAB_JOB_DIR", "TMPDIR", "PYTHONUNBUFFERED", "TORCH_DISTRIBUTED_DEBUG")
 HOSTNAME = "parlab-box"
+#: The pids cgroup allows this many more than RLIMIT_NPROC (threads of the grader's own in the cgroup).
+PIDS_BACKSTOP = 64
 #: Where the submission's own files appear, read-only, inside the kernel's box.
 SUBMISSION_RO = "/var/tmp/parlab-submission"
 
@@ -221,7 +223,7 @@ class Box:
                 _write(self.cgroups["memory"] / knob, limits.memory_bytes)
             _write(self.cgroups["memory"] / "memory.swap.max", 0)
         if "pids" in self.cgroups:
-            _write(self.cgroups["pids"] / "pids.max", limits.processes)
+            _write(self.cgroups["pids"] / "pids.max", limits.processes + PIDS_BACKSTOP)
         root = course_root(Path(notebook_dir).resolve())
         hidden = [str(p) for p in (root, project_root(), Path.home(), Path("/root"), Path("/home"))
                   if p is not None]
@@ -262,6 +264,12 @@ class Box:
                 else:
                     total += sum(int(v) for k, v in (line.split() for line in text.splitlines() if line.strip())
                                  if k in ("max", "oom_kill"))
+            if kind == "processes":  # RLIMIT_NPROC refuses first: a peak at the bound means it was reached
+                try:
+                    peak = int((folder / "pids.peak").read_text().strip())
+                    total += peak >= self.limits.processes
+                except (OSError, ValueError):
+                    pass
             out[kind] = total
         return out
 
@@ -417,9 +425,9 @@ def _set_limits(spec: dict) -> None:
     limits = spec["limits"]
     settings = [(resource.RLIMIT_CORE, 0)]
     # the box's uid is its own when root claimed one; otherwise the grader's, whose processes count too
-    # (where the pids cgroup bounds the box, it is the one that binds, and it counts what it refused)
-    allowed = limits["processes"] * (2 if "pids" in spec["cgroups"] else 1)
-    settings.append((resource.RLIMIT_NPROC, allowed + (0 if spec["drop_to_uid"] else _tasks_of(os.getuid()))))
+    # RLIMIT_NPROC binds first: it refuses a fork before the kernel copies anything, where the pids
+    # cgroup (the backstop, a little higher) refuses only after copying the whole address space
+    settings.append((resource.RLIMIT_NPROC, limits["processes"] + (0 if spec["drop_to_uid"] else _tasks_of(os.getuid()))))
     if "memory" not in spec["cgroups"]:  # no cgroup to bound the total: bound each process (CUDA needs the cgroup)
         settings.append((resource.RLIMIT_AS, limits["memory_bytes"]))
     for which, value in settings:
