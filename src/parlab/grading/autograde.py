@@ -123,6 +123,8 @@ class BoxedKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
+        if self.box is None:  # GuardedExecute.boundary = False: nbgrader's own kernel
+            return cmd
         # a signal to the outer process would not reach the kernel inside: ask it by message
         self.kernel_spec.interrupt_mode = "message"
         return self.box.command("kernel") + cmd
