@@ -302,3 +302,17 @@ def test_context_parallel_is_priced_as_the_plans_framework_runs_it():
                         (gather, cost.cp_allgather_elems_per_layer(1, 32768, 4096, 2))):
         exposed = [planner.step_time(plan, Workload(long, Cluster(8, nvlink_busbw=bw), 8))["cp"] for bw in (1e9, 2e9)]
         assert exposed[0] - exposed[1] == pytest.approx(elems * 2 * (1 / 1e9 - 1 / 2e9) * 32 * 2)
+
+
+def test_problems_are_typed_text():
+    import pickle
+    work = Workload(M7, Cluster(8), 64)
+    found = planner.problems(Plan(dp=1, tp=1, pp=4, zero=2, micro_batch=1, accum=6, v=2), Workload(M7, Cluster(4), 6))
+    assert [p.kind for p in found] == ["interleaving", "zero", "framework"]
+    assert all(isinstance(p, str) and p.kind for p in found)  # still the sentence
+    memory = planner.problems(Plan(dp=8, tp=1, pp=1, micro_batch=8, accum=1), work)
+    assert [p.kind for p in memory] == ["memory"] and "over the 72 GB" in memory[0]
+    again = pickle.loads(pickle.dumps(memory[0]))
+    assert again == memory[0] and again.kind == "memory"
+    assert planner.infeasible(planner.SCENARIOS["70B on 8 H100s"]) == {
+        "needs more memory per GPU than a plan may use": len(list(planner.candidates(planner.SCENARIOS["70B on 8 H100s"])))}

@@ -100,7 +100,7 @@ from dataclasses import dataclass, field, replace  # noqa: F401  (replace is par
 
 from . import cost, planner_frameworks
 
-__all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "memory_breakdown",
+__all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown",
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "predict",
            "search", "candidates", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
@@ -613,54 +613,80 @@ def time_to_train(plan: Plan, work: Workload, tokens: float | None = None) -> fl
 
 
 # ---------------------------------------------------------------- rules
-def problems(plan: Plan, work: Workload) -> list[str]:
-    """Every reason ``plan`` cannot run ``work``, in words; empty when it can."""
+class Problem(str):
+    """One reason a plan cannot run, in words, with its ``kind``: "gpus" (the product of the degrees),
+    "node" (TP across nodes), "heads", "layers", "stages", "interleaving", "cp", "batch", "zero",
+    "framework" (``planner_frameworks``) or "memory".  It is the text itself (a ``str``), so it prints
+    and compares as the sentence; code asks ``.kind`` instead of searching the words."""
+
+    kind: str
+
+    def __new__(cls, kind: str, text: str) -> "Problem":
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+    def __reduce__(self):
+        return (Problem, (self.kind, str(self)))
+
+
+#: Kinds that make a plan impossible to set up at all (``predict`` refuses them).
+IMPOSSIBLE = ("gpus", "batch")
+
+
+def problems(plan: Plan, work: Workload) -> list[Problem]:
+    """Every reason ``plan`` cannot run ``work``, as ``Problem``s (words with a kind); empty when it can."""
     m, c = work.model, work.cluster
-    out = []
+    out: list[Problem] = []
+
+    def add(kind: str, text: str) -> None:
+        out.append(Problem(kind, text))
+
     if plan.gpus != c.gpus:
-        out.append(f"dp·cp·tp·pp = {plan.dp}·{plan.cp}·{plan.tp}·{plan.pp} = {plan.gpus}, "
-                   f"but the cluster has {c.gpus} GPUs" if plan.cp > 1 else
-                   f"dp·tp·pp = {plan.dp}·{plan.tp}·{plan.pp} = {plan.gpus}, but the cluster has {c.gpus} GPUs")
+        add("gpus", f"dp·cp·tp·pp = {plan.dp}·{plan.cp}·{plan.tp}·{plan.pp} = {plan.gpus}, "
+                    f"but the cluster has {c.gpus} GPUs" if plan.cp > 1 else
+                    f"dp·tp·pp = {plan.dp}·{plan.tp}·{plan.pp} = {plan.gpus}, but the cluster has {c.gpus} GPUs")
     if plan.tp > c.gpus_per_node or c.gpus_per_node % plan.tp:
-        out.append(f"tp={plan.tp} does not fit inside a node of {c.gpus_per_node} GPUs: TP's per-layer "
-                   "all-reduces would cross the network")
+        add("node", f"tp={plan.tp} does not fit inside a node of {c.gpus_per_node} GPUs: TP's per-layer "
+                    "all-reduces would cross the network")
     if m.heads % plan.tp:
-        out.append(f"tp={plan.tp} does not divide the {m.heads} attention heads")
+        add("heads", f"tp={plan.tp} does not divide the {m.heads} attention heads")
     elif m.kv % plan.tp and plan.tp % m.kv:
-        out.append(f"tp={plan.tp} and the {m.kv} K/V heads do not divide one another")
+        add("heads", f"tp={plan.tp} and the {m.kv} K/V heads do not divide one another")
     if plan.pp > m.layers:
-        out.append(f"pp={plan.pp} is more stages than the {m.layers} layers")
+        add("layers", f"pp={plan.pp} is more stages than the {m.layers} layers")
     if plan.stages and sum(plan.stages) != m.layers:
-        out.append(f"stages={plan.stages} add up to {sum(plan.stages)} layers, but the model has {m.layers}")
+        add("stages", f"stages={plan.stages} add up to {sum(plan.stages)} layers, but the model has {m.layers}")
     if plan.v > 1:
         if min(stage_layers(plan, m)) < plan.v:
-            out.append(f"interleaving v={plan.v} needs at least v layers on every stage "
-                       f"(stages: {stage_layers(plan, m)})")
+            add("interleaving", f"interleaving v={plan.v} needs at least v layers on every stage "
+                                f"(stages: {stage_layers(plan, m)})")
         if plan.accum % plan.pp:
-            out.append(f"interleaved 1F1B needs the micro-batches per replica (accum={plan.accum}) to be a "
-                       f"multiple of pp={plan.pp} (Megatron-LM)")
+            add("interleaving", f"interleaved 1F1B needs the micro-batches per replica (accum={plan.accum}) to be a "
+                                f"multiple of pp={plan.pp} (Megatron-LM)")
     if plan.cp > 1 and m.seq % (2 * plan.cp):
-        out.append(f"cp={plan.cp} needs the sequence ({m.seq}) to split into 2·cp = {2 * plan.cp} equal "
-                   "chunks (load-balanced causal ring attention)")
+        add("cp", f"cp={plan.cp} needs the sequence ({m.seq}) to split into 2·cp = {2 * plan.cp} equal "
+                  "chunks (load-balanced causal ring attention)")
     if plan.dp * plan.micro_batch * plan.accum != work.global_batch:
-        out.append(f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
-                   f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
+        add("batch", f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
+                     f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
     if plan.zero and plan.dp * plan.cp == 1:
-        out.append(f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
-    out.extend(planner_frameworks.unrunnable(plan))
-    if not out or all("GPUs" not in o or "node" in o for o in out):
+        add("zero", f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
+    for text in planner_frameworks.unrunnable(plan):
+        add("framework", text)
+    if not any(p.kind == "gpus" for p in out):
         parts = memory_breakdown(plan, m)
         need = sum(parts.values())
         if need > c.usable_memory:
             detail = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in parts.items())
-            out.append(f"needs {need / 1e9:.1f} GB per GPU ({detail}), over the {c.usable_memory / 1e9:.0f} GB "
-                       f"a plan may use ({c.headroom:.0%} of the {c.memory / 1e9:.0f} GB a GPU holds)")
+            add("memory", f"needs {need / 1e9:.1f} GB per GPU ({detail}), over the {c.usable_memory / 1e9:.0f} GB "
+                          f"a plan may use ({c.headroom:.0%} of the {c.memory / 1e9:.0f} GB a GPU holds)")
     return out
 
 
 def check(plan: Plan, work: Workload) -> None:
     """Raise ValueError naming each field that makes ``plan`` impossible for ``work`` (memory aside)."""
-    found = [p for p in problems(plan, work) if "GB per GPU" not in p]
+    found = [p for p in problems(plan, work) if p.kind != "memory"]
     if found:
         raise ValueError("impossible plan: " + "; ".join(found))
 
@@ -688,8 +714,8 @@ def predict(plan: Plan, work: Workload) -> Prediction:
     """Memory, time and throughput of ``plan``; raises ValueError for a plan that cannot exist
     (GPU count, TP across nodes, heads, layers, batch), lists memory in ``problems``."""
     found = tuple(problems(plan, work))
-    impossible = [p for p in found if "GB per GPU" not in p and "ZeRO" not in p]
-    if any("GPUs" in p and "cluster" in p for p in impossible) or any("global batch" in p for p in impossible):
+    impossible = [p for p in found if p.kind in IMPOSSIBLE]
+    if impossible:
         raise ValueError("impossible plan: " + "; ".join(impossible))
     time = step_time(plan, work)
     return Prediction(plan, found, memory_breakdown(plan, work.model), time,
@@ -768,8 +794,7 @@ def infeasible(work: Workload) -> dict[str, int]:
     out: dict[str, int] = {}
     for plan in candidates(work):
         for p in problems(plan, work):
-            key = p.split(" (")[0] if "GB per GPU" in p else p
-            key = "needs more memory per GPU than a plan may use" if "GB per GPU" in p else key
+            key = "needs more memory per GPU than a plan may use" if p.kind == "memory" else str(p)
             out[key] = out.get(key, 0) + 1
     return out
 
