@@ -243,7 +243,7 @@ def test_the_scenario_slides_claims_hold_in_the_planner():
     assert (closest.tp, closest.sp, closest.recompute) == (8, True, "full"), closest
     # "70B on 64 fits without recomputation", with TP inside the node and PP across nodes
     best = _best(_70B_64)
-    assert "70B on 64** fits without recomputation" in slide
+    assert "70B on 64**, no recomputation" in slide
     assert best.plan.recompute == "none" and best.plan.sp
     assert best.plan.tp <= work64.cluster.gpus_per_node and any(planner.boundary_crosses(best.plan, work64.cluster))
     # a band, not a winner: the practitioners' layouts are in it, each at its own best settings
