@@ -122,3 +122,12 @@ def test_limits_in_words():
     assert words == {"memory": "3 GiB", "processes": "512 processes", "scratch": "64 MiB of scratch disk"}
     assert json.loads(json.dumps(SPEC)) == SPEC
     assert Path(boundary.UID_CLAIMS).is_absolute() and boundary.UID_BASE + boundary.UID_SPAN < 2 ** 31
+
+
+def test_only_installed_code_is_bound_back(monkeypatch, tmp_path):
+    """``python -m`` puts the working folder (a course copy, with its solutions/) on sys.path: never bound back."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code = boundary._code_paths()
+    assert str(tmp_path) not in code and all(not p.startswith(str(tmp_path)) for p in code)
+    assert str(REPO / "src") in code  # the editable install's package folder

@@ -125,9 +125,14 @@ def _code_paths() -> list[str]:
     """The Python environment and every import path: bound back read-only inside the box."""
     import parlab
 
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(parlab.__file__).resolve().parent.parent)}
-    paths |= {p for p in sys.path if p and os.path.isdir(p)}
-    return sorted(os.path.realpath(p) for p in paths)
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths = prefixes | {os.path.realpath(Path(parlab.__file__).resolve().parent.parent)}
+    # installed code only: never the current folder or another folder someone put on sys.path
+    # (``python -m`` puts the working folder there: a course copy's root, with its solutions/)
+    paths |= {real for p in sys.path if p and os.path.isdir(p)
+              if any(_inside(real := os.path.realpath(p), prefix) for prefix in prefixes)
+              or os.path.basename(real) in ("site-packages", "dist-packages")}
+    return sorted(paths)
 
 
 def _inside(path: str, folder: str) -> bool:
