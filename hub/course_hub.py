@@ -46,20 +46,22 @@ def free_port() -> int:
 
 
 def pids_of_uid(uid: int) -> list[int]:
-    """Live processes whose real uid is ``uid`` (Linux /proc)."""
+    """Live processes whose real uid is ``uid`` (Linux /proc).
+
+    Zombies do not count: they have ended and hold nothing but their pid,
+    waiting for their parent (here often pid 1, which may reap them late).
+    """
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(name))
-                        break
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+            found.append(int(name))
     return found
 
 

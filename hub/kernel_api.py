@@ -56,14 +56,21 @@ class UserKernel:
         self._ws = self._loop.run_sync(lambda: websocket_connect(request), timeout=60)
         return self
 
-    def execute(self, code: str, timeout: float = 300) -> Reply:
+    def send(self, code: str) -> str:
+        """Ask the kernel to run ``code``; returns the request's id without waiting for it."""
         msg_id = uuid.uuid4().hex
-        self._ws.write_message(json.dumps({
+        message = json.dumps({
             "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "",
                        "session": uuid.uuid4().hex, "version": "5.3"},
             "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
             "content": {"code": code, "silent": False, "store_history": True,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
+                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}})
+        self._loop.run_sync(lambda: self._ws.write_message(message), timeout=60)
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 300) -> Reply:
+        """Run ``code`` and wait for its reply: what it printed, its result or its error."""
+        msg_id = self.send(code)
         reply, idle, done = Reply(), False, False
         deadline = time.monotonic() + timeout
         while not (idle and done):
