@@ -54,7 +54,7 @@ TITLE = "Lab 00 — Setup, and why one GPU is not enough"  # only in the noteboo
 #: Bounds of this course, small so that the attacks reach them fast.
 CONFIG = """
 c.Execute.timeout = 60
-c.GuardedExecute.box_memory_mb = 3072
+c.GuardedExecute.box_memory_mb = 4096
 c.GuardedExecute.box_processes = 512
 c.GuardedExecute.box_scratch_mb = 64
 """
@@ -363,7 +363,7 @@ def test_cells_that_reach_a_bound_say_which(graded):
     h3, h4 = _outputs(graded["root"], "h3"), _outputs(graded["root"], "h4")
     assert "the fork bomb stopped after" in h3 and "bound on 512 processes" in h3, h3
     assert "writable folders hold at most 64 MiB" in h3, h3
-    assert re.search(r"bound on 3 GiB|may use at most 3072 MiB", h4), h4
+    assert re.search(r"bound on 4 GiB|may use at most 4096 MiB", h4), h4
     assert "each cell may run at most 60 s" in h4, h4
 
 
