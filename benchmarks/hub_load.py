@@ -28,6 +28,7 @@ Needs root, JupyterHub (the hub extra) and configurable-http-proxy.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import pwd
 import shutil
@@ -186,6 +187,12 @@ def main() -> int:
 
     students = [f"plb-s{i:02d}" for i in range(args.students)]
     state = Path(tempfile.gettempdir()) / "parlab-hub-load"
+    lock = open(Path(tempfile.gettempdir()) / "parlab-hub-load.lock", "w")
+    try:  # one run at a time: a second one would delete the first one's users
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("another hub_load run is going on; wait for it to end")
+        return 1
     CourseHub(state, [], students).remove_users()
     shutil.rmtree(state, ignore_errors=True)
     hub = CourseHub(state, [], students, mem_limit="3G")

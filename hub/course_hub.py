@@ -31,7 +31,7 @@ from pathlib import Path
 
 HUB_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(HUB_DIR))
-from course_spawner import kill_pids  # noqa: E402
+from course_spawner import MemoryCgroup, kill_pids  # noqa: E402
 
 REPO = HUB_DIR.parent
 CONFIG = HUB_DIR / "jupyterhub_config.py"
@@ -134,6 +134,7 @@ class CourseHub:
                     break
                 kill_pids(pids)
                 time.sleep(0.2)
+            MemoryCgroup(user, 0).remove()  # its server's cgroup, when a stop did not get to it
             subprocess.run(["userdel", "--remove", user], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         self.made_file.unlink(missing_ok=True)
