@@ -148,6 +148,7 @@ class Calculator:
         columns = w.HBox([model_box, cluster_box, plan_box], layout=w.Layout(flex_flow="row wrap"))
         self.box = w.VBox([self.scenario, columns, self.plot, self.summary])
         self.base = work  # the model's vocabulary, FFN, K/V heads and the cluster's links
+        self._pipeline, self._pipeline_pp = (1, ()), 0  # the search's (v, stages) and its pp
         self.choose_best()
 
     def _ipython_display_(self) -> None:
@@ -183,9 +184,12 @@ class Calculator:
             return None, (f"dp·micro-batch = {dp}·{self.micro.value} does not divide the global batch "
                           f"of {work.global_batch}: the micro-batch must divide a replica's "
                           f"global_batch / dp rows")
+        # The search's own plan may interleave (v chunks per rank) or split the layers unevenly;
+        # there is no slider for either, so they are kept while pp stays the search's pp.
+        v, stages = self._pipeline if pp == self._pipeline_pp else (1, ())
         return Plan(dp=dp, tp=tp, pp=pp, cp=cp, zero=self.zero.value if dp * cp > 1 else 0,
                     micro_batch=self.micro.value, accum=work.global_batch // (dp * self.micro.value),
-                    recompute=self.recompute.value, precision=work.precision), ""
+                    recompute=self.recompute.value, v=v, stages=stages, precision=work.precision), ""
 
     def load(self, name: str) -> None:
         if name not in planner.SCENARIOS:
@@ -212,11 +216,13 @@ class Calculator:
             self.update()
             return
         found = planner.search(work)
+        self._pipeline, self._pipeline_pp = (1, ()), 0
         if found is not None and found.plan.tp in self.tp.options and found.plan.pp in self.pp.options \
                 and found.plan.cp in self.cp.options and found.plan.micro_batch in self.micro.options:
             self._quiet = True
             try:
                 p = found.plan
+                self._pipeline, self._pipeline_pp = (p.v, p.stages), p.pp
                 self.tp.value, self.cp.value, self.pp.value, self.zero.value = p.tp, p.cp, p.pp, p.zero
                 self.micro.value, self.recompute.value = p.micro_batch, p.recompute
             finally:
