@@ -43,7 +43,8 @@ README_CUTS = (r"^make test [^\n]*\n",
                r" `tests/wrong_answers/` keeps, per lab, .*? every correct one passes\.",
                r" Instructors: see `docs/instructor\.md`;\s+`make release` regenerates `labs/` from `solutions/` "
                r"with nbgrader\.",
-               r" \(see `docs/instructor\.md`\)")
+               r" \(Run as root for the full boundary; what differs otherwise,\s+and what it costs, is in "
+               r"`docs/instructor\.md`\.\)")
 CACHES = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 HEADER = ("> This is the student edition of parlab, built from the course repository by "
           "`make student-dist`: the helper package and the released labs, without solutions or tests.\n\n")

@@ -228,9 +228,12 @@ def _autograde_in_streams(root: Path, labs: list[str], env: dict, timeout: float
     if streams == 1:
         _run_here("autograde", root, labs, env, timeout * len(labs))
         return {lab: root for lab in labs}
-    courses = [root / "streams" / str(i) for i in range(streams)]
+    # Beside the course, not inside it: a course inside another course's folder is graded as the outer
+    # one (the grading boundary takes the outermost folder holding an nbgrader_config.py).
+    courses = [root.parent / f"{root.name}-stream{i}" for i in range(streams)]
     for course in courses:
-        shutil.copytree(root, course, ignore=shutil.ignore_patterns("streams"))
+        shutil.rmtree(course, ignore_errors=True)
+        shutil.copytree(root, course)
     queue = collections.deque(sorted(labs, key=grading_work, reverse=True))
     lock, graded_in, failures = threading.Lock(), {}, []
 

@@ -183,7 +183,8 @@ def users():
 @pytest.fixture(scope="module")
 def shared(users):
     """The scenario of ``shared_host_roles.py``, run once; its findings as dicts."""
-    base = tempfile.mkdtemp(prefix="parlab-shared-host-")
+    # in /tmp itself: TMPDIR may be a folder of root's that the two users cannot enter (pytest's own)
+    base = tempfile.mkdtemp(prefix="parlab-shared-host-", dir="/tmp")
     tmp, squat = os.path.join(base, "tmp"), os.path.join(base, "squat")
     for folder in (base, tmp, squat):
         os.makedirs(folder, exist_ok=True)
@@ -279,6 +280,15 @@ def _reason_no_netns():
     return None if probe.returncode == 0 else f"this machine cannot make a network namespace: {probe.stderr}"
 
 
+def _code_under_tmp() -> list[str]:
+    """Bind back the interpreter's environment and this checkout where they live under /tmp (a clone there)."""
+    out = []
+    for path in sorted({os.path.realpath(sys.prefix), os.path.realpath(os.path.join(HERE, os.pardir))}):
+        if path.startswith("/tmp/"):
+            out += ["--ro-bind", path, path]
+    return out
+
+
 def test_a_network_namespace_per_student_keeps_others_off_the_store(tmp_path):
     reason = _reason_no_netns()
     if reason:
@@ -286,7 +296,8 @@ def test_a_network_namespace_per_student_keeps_others_off_the_store(tmp_path):
     inside = tmp_path / "inside"
     inside.mkdir()
     jail = subprocess.Popen(["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                             "--tmpfs", "/tmp", "--bind", str(tmp_path), str(tmp_path), "--die-with-parent", "--",
+                             "--tmpfs", "/tmp", *_code_under_tmp(), "--bind", str(tmp_path), str(tmp_path),
+                             "--die-with-parent", "--",
                              sys.executable, ROLES, "namespaced", str(inside)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -32,6 +32,8 @@ STUDENTS = ("plh-ada", "plh-bo")
 _spec = importlib.util.spec_from_file_location("browser_tier_conftest", REPO / "tests/browser/conftest.py")
 browser_tier = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(browser_tier)
+# Under its own name: in a whole-suite run the name `conftest` is another tier's (tests/slurm's).
+sys.modules.setdefault("browser_tier_conftest", browser_tier)
 
 
 def _write_lab_settings(user: str) -> None:

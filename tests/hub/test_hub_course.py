@@ -80,8 +80,8 @@ def log_in(chromium, hub, user: str, password: str):
 
 
 def _viewport():
-    from conftest import browser_tier
-    return browser_tier.VIEWPORT
+    from browser_tier_conftest import VIEWPORT  # put there by tests/hub/conftest.py
+    return VIEWPORT
 
 
 def open_assignments(page):
