@@ -223,7 +223,8 @@ class GuardedExecute(Execute):
                 notes.append(f"the submission may use at most {self.box_memory_mb} MiB of memory")
         if any(o.get("ename") == "CellTimeoutError" for o in cell.get("outputs", [])):
             notes.append(f"each cell may run at most {self.timeout} s (Execute.timeout)")
-        cell.outputs.extend(_note(n) for n in notes)
+        if notes and cell.get("cell_type") == "code":  # a markdown cell has no outputs
+            cell.outputs.extend(_note(n) for n in notes)
 
     # ------------------------------------------------------------ sandbox
     def _hand_in(self, calls: list[dict], index: int) -> str | None:
