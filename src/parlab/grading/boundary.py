@@ -38,6 +38,10 @@ A non-root grader cannot change uid or, usually, create cgroups: then the
 boxes run as the grader's own uid in a user namespace, bounded by the
 per-process limits only, and the ranks' box can see and signal the
 grader's processes (``docs/instructor.md`` says what differs).
+
+(One module, just over 450 lines: the box's spec, its command line, the uid
+and cgroup claims and the trusted entry step are one boundary, read and
+reviewed together; split, each part would be checked without the others.)
 """
 from __future__ import annotations
 
