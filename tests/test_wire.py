@@ -29,7 +29,7 @@ def _regions():
     with trace.measure_wire() as big, trace.count_collectives() as calls:
         dist.all_reduce(t)
     out["big"], out["big_ring"], out["peers"] = big.sent, calls.total_ring_bytes, big.per_peer
-    out["segments"], out["source"] = big.segments, big.source
+    out["segments"], out["source"], out["retrans"] = big.segments, big.source, big.retransmitted
     with trace.measure_wire() as small, trace.count_collectives() as calls:
         dist.all_reduce(torch.ones(1))
     out["small"], out["small_ring"] = small.sent, calls.total_ring_bytes
@@ -54,14 +54,19 @@ def test_wire_counts_what_the_sockets_sent(n):
         # the ring model says 2(n-1)/n·S per rank.  gloo cuts S into chunks that need not be
         # equal (4 MiB over 3 ranks), so one rank may send a little less than another ...
         assert r["big_ring"] == ring
-        assert 0.98 * ring <= r["big"] <= 1.02 * ring, (rank, r["big"], ring)
+        # the count includes what TCP sent again, which no model predicts: on a loaded machine a
+        # late acknowledgement can make TCP resend a whole 64 KiB loopback segment (a CI run once
+        # counted 4,325,952 bytes against the ring's 4,194,304), so the band is on first sends
+        first_time = r["big"] - r["retrans"]
+        assert 0 <= r["retrans"] <= r["big"]
+        assert 0.98 * ring <= first_time <= 1.02 * ring, (rank, r["big"], r["retrans"], ring)
         assert r["segments"] > 0
         assert sum(r["peers"].values()) == r["big"]
         # a tiny all-reduce: headers dominate, and gloo does not run a ring at this size
         assert r["small"] > 10 * r["small_ring"] > 0, (rank, r["small"], r["small_ring"])
     # ... but every chunk travels n-1 times in each half, so the ranks together send
     # 2(n-1)·S plus gloo's headers: a fraction of a percent more
-    total = sum(r["big"] for r in results)
+    total = sum(r["big"] - r["retrans"] for r in results)
     assert n * ring <= total <= n * ring * 1.005, (total, n * ring)
     assert results[0]["p2p"] >= BIG * F32
     assert results[1]["p2p"] < 4096  # the receiver sends acknowledgements only, not data
