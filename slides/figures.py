@@ -20,11 +20,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyBboxPatch, Rectangle  # noqa: E402
 
 from parlab import cost, viz  # noqa: E402
+from parlab.parallel import pp_schedule  # noqa: E402
 from parlab.parallel.mesh import Mesh  # noqa: E402
 
 import context_expert_figures  # noqa: E402  (slides/context_expert_figures.py, next to this file)
 import planner_figures  # noqa: E402  (slides/planner_figures.py, next to this file)
-import schedules  # noqa: E402  (slides/schedules.py, next to this file)
 
 GB = 1e9
 DPI = 150
@@ -216,16 +216,21 @@ def tp_splits():
 # ---------------------------------------------------------------- pipeline
 
 def pipeline_schedules(p: int = 4, m: int = 8, fwd: float = 1.0, bwd: float = 2.0):
-    """Ideal GPipe and 1F1B on one time axis (computed, not measured)."""
+    """Ideal GPipe and 1F1B on one time axis (computed by parlab.parallel.pp_schedule, not measured)."""
     fig, axes = plt.subplots(2, 1, figsize=(10.5, 6.4), layout="constrained", sharex=True)
     plt.close(fig)
     predicted = cost.bubble_fraction(p, m, "gpipe")
     for ax, name in zip(axes, ("gpipe", "1f1b")):
-        spans = schedules.simulate(schedules.stage_orders(name, p, m), fwd, bwd)
-        held = schedules.peak_in_flight(spans, stage=0)
+        spans = pp_schedule.ideal_schedule(p, m, name, forward=fwd, backward=bwd)
+        held = pp_schedule.peak_held(spans, rank=0)
         label = {"gpipe": "GPipe (all forwards, then all backwards)", "1f1b": "1F1B"}[name]
+        cut = {k: len(ops) for k, ops in pp_schedule.phases(p, m, 0, name).items()}
+        phase_text = "" if name == "gpipe" else (
+            f"; stage 0: warm-up {cut['warm-up']} F, steady {cut['steady'] // 2} F+B, "
+            f"cool-down {cut['cool-down']} B")
         viz.gantt(spans, ax=ax, unit="steps", show_bubble=True, predicted_bubble=predicted,
-                  title=f"ideal {label}, p={p}, m={m}: stage 0 holds {held} micro-batches' activations")
+                  title=f"ideal {label}, p={p}, m={m}: stage 0 holds {held:g} micro-batches' "
+                        f"activations{phase_text}")
     axes[1].set_xlabel("time (forward = 1 unit, backward = 2 units)")
     return fig
 

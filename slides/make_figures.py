@@ -5,7 +5,8 @@
 The collective and mesh pictures are exact diagrams (meshes keep TP innermost,
 as ``init_device_mesh(..., (pp, dp, tp))`` does). The memory and time figures
 are ``parlab.cost`` arithmetic (time assumes the same MFU at every GPU count). The pipeline chart is an
-*ideal* GPipe timetable (forward = 1 time unit, backward = 2), not a
+*ideal* GPipe timetable (forward = 1 time unit, backward = 2, from
+``parlab.parallel.pp_schedule``, as lab 04's are), not a
 measurement; the labs draw measured timelines from parlab.trace instead.
 """
 import os
@@ -15,23 +16,9 @@ import matplotlib
 matplotlib.use("Agg")
 
 from parlab import cost, viz  # noqa: E402
+from parlab.parallel.pp_schedule import ideal_schedule  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "figures")
-
-
-def ideal_gpipe(p: int, m: int, fwd: float = 1.0, bwd: float = 2.0) -> list[dict]:
-    """Start/end times of GPipe's all-forward-then-all-backward schedule."""
-    spans = []
-    for stage in range(p):
-        for mb in range(m):
-            start = (stage + mb) * fwd
-            spans.append({"name": f"F{mb}", "rank": stage, "start": start, "end": start + fwd})
-    backward_start = (p - 1 + m) * fwd
-    for stage in range(p):
-        for k, mb in enumerate(reversed(range(m))):
-            start = backward_start + (p - 1 - stage + k) * bwd
-            spans.append({"name": f"B{mb}", "rank": stage, "start": start, "end": start + bwd})
-    return spans
 
 
 def main() -> None:
@@ -51,7 +38,7 @@ def main() -> None:
     viz.time_to_train_curves({"7B, 2T tokens": (7e9, 2e12), "70B, 15T tokens": (70e9, 15e12)}).savefig(
         os.path.join(OUT, "time_to_train.png"), dpi=150)
     p, m = 4, 8
-    viz.gantt(ideal_gpipe(p, m), title=f"Ideal GPipe timetable, p={p}, m={m} (forward 1 unit, backward 2)",
+    viz.gantt(ideal_schedule(p, m, "gpipe"), title=f"Ideal GPipe timetable, p={p}, m={m} (forward 1 unit, backward 2)",
               show_bubble=True, predicted_bubble=cost.bubble_fraction(p, m, "gpipe"),
               unit="steps").savefig(os.path.join(OUT, "gpipe_ideal.png"), dpi=150)
     print(f"figures written to {OUT}")

@@ -8,7 +8,8 @@ import torch
 from parlab import cost, trace
 from parlab.data import get_batch, microbatches
 from parlab.models import lm_loss, tiny_gpt
-from parlab.parallel.pp_schedule import ideal_schedule, p2p_messages, schedule_order, warmup_forwards
+from parlab.parallel.pp_schedule import (PHASES, ideal_schedule, p2p_messages, peak_held, phases,
+                                         schedule_order, warmup_forwards)
 from parlab.parallel.pp_stages import TimedStage, gpt_stage, held_activations, split_layers, traced_passes
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
@@ -80,15 +81,27 @@ def test_timed_stage_takes_its_time_and_keeps_the_gradient():
     assert torch.allclose(inp.grad, ref_inp.grad)
 
 
-@pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4)])
-@pytest.mark.parametrize("p,m", [(2, 4), (4, 4), (4, 8), (3, 9)])
+TIMETABLES = [(schedule, v, p, m)
+              for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 4))
+              for p, m in ((2, 4), (4, 4), (4, 8), (3, 9), (4, 3), (1, 2))
+              if schedule != "interleaved" or m % p == 0]
+
+
+@pytest.mark.parametrize("schedule,v,p,m", TIMETABLES)
 def test_ideal_timetables_give_the_formula(schedule, v, p, m):
-    if schedule == "interleaved" and m % p:
-        pytest.skip("interleaved needs m % p == 0")
     table = ideal_schedule(p, m, schedule, v=v, forward=1, backward=2)
     spans = [trace.Span(s["kind"], s["rank"], s["start"], s["end"]) for s in table]
     assert trace.bubble_fraction(spans) == pytest.approx(cost.bubble_fraction(p, m, schedule, v=v))
     assert len(table) == 2 * p * m * v
+    for r in range(p):
+        # the memory formula, read off the timetable: activations held from forward to backward
+        assert peak_held(table, r, v) == cost.activations_held(p, m, schedule, r, v), r
+        cut = phases(p, m, r, schedule, v)
+        assert tuple(cut) == PHASES
+        assert [op[0] for op in cut["warm-up"]] == ["F"] * warmup_forwards(p, m, r, schedule, v)
+        assert [op[0] for op in cut["steady"]] == ["F", "B"] * (m * v - len(cut["warm-up"]))
+        assert [op[0] for op in cut["cool-down"]] == ["B"] * len(cut["warm-up"])
+        assert [op for ops in cut.values() for op in ops] == schedule_order(p, m, r, schedule, v)
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (4, 3), (2, 1)])

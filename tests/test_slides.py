@@ -359,20 +359,6 @@ def test_calculator_slide_shows_what_its_code_line_opens():
     assert figures.overflow_inches(fig) == 0, "text runs past the figure's edge"
 
 
-def test_ideal_schedules_have_the_formula_bubble_and_memory():
-    schedules = _load("parlab_slides_schedules", SLIDES / "schedules.py")
-    for p, m in ((4, 8), (2, 3), (4, 2), (3, 7)):
-        for name in ("gpipe", "1f1b"):
-            spans = schedules.simulate(schedules.stage_orders(name, p, m), fwd=1.0, bwd=2.0)
-            total = max(s["end"] for s in spans)
-            busy = sum(s["end"] - s["start"] for s in spans) / p
-            assert abs((1 - busy / total) - cost.bubble_fraction(p, m)) < 1e-12, (name, p, m)
-            held = schedules.peak_in_flight(spans, stage=0)
-            assert held == (m if name == "gpipe" else cost.activations_held(p, m, "1f1b", 0))
-    with pytest.raises(ValueError, match="deadlock"):
-        schedules.simulate([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
-
-
 def _cp_ep_module():
     return _load("context_expert_figures", SLIDES / "context_expert_figures.py")
 

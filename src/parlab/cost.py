@@ -480,7 +480,8 @@ def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0, v: i
     (on stage 0).  Interleaved 1F1B with v chunks per rank (Megatron-LM
     schedules: warm-up 2(p - rank - 1) + (v - 1)p chunks, each 1/v of the
     stage) keeps min(m·v, 2(p-rank-1) + (v-1)p + 1) / v: on stage 0 about
-    1 + (p-1)/(p·v) times what 1F1B holds there.
+    1 + (p-1)/(p·v) times what 1F1B holds there.  With m = p Megatron-LM runs
+    every forward first (all warm-up), so each rank holds all m·v chunks: m.
     """
     _choice("schedule", schedule, ("gpipe", "1f1b", "interleaved"))
     _at_least_one("m", m)
@@ -492,6 +493,8 @@ def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0, v: i
         if v != 1:
             raise ValueError(f"v={v} only applies to schedule='interleaved'")
         return min(m, warm + 1)
+    if m == p:
+        return m
     chunks = min(m * v, 2 * warm + (v - 1) * p + 1)
     return chunks / v
 

@@ -1,7 +1,10 @@
 """Ideal pipeline timetables: GPipe, 1F1B and interleaved 1F1B, simulated.
 
 ``schedule_order(p, m, rank, schedule, v)`` is the order in which one stage
-runs its forward (F) and backward (B) passes; ``ideal_schedule`` plays every
+runs its forward (F) and backward (B) passes, and ``phases`` cuts that order
+into its three named phases: warm-up (forwards only, filling the pipeline),
+steady (one forward, one backward) and cool-down (backwards only, draining
+it).  ``ideal_schedule`` plays every
 stage's order against the data dependencies (a forward needs the previous
 stage's forward of the same micro-batch, a backward the next stage's
 backward) with fixed durations and no communication cost, and returns the
@@ -24,9 +27,11 @@ that measured Gantt charts are compared with.
 """
 from __future__ import annotations
 
-__all__ = ["SCHEDULES", "schedule_order", "ideal_schedule", "p2p_messages", "warmup_forwards"]
+__all__ = ["SCHEDULES", "PHASES", "schedule_order", "phases", "ideal_schedule", "peak_held",
+           "p2p_messages", "warmup_forwards"]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PHASES = ("warm-up", "steady", "cool-down")
 
 
 def _check(p: int, m: int, v: int, schedule: str) -> None:
@@ -60,21 +65,29 @@ def _chunk_mb(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
     return (k // (p * v)) * p + k % p, chunk
 
 
-def schedule_order(p: int, m: int, rank: int, schedule: str = "1f1b", v: int = 1) -> list[tuple]:
-    """Stage ``rank``'s passes in order, as ("F" or "B", micro-batch, chunk)."""
+def phases(p: int, m: int, rank: int, schedule: str = "1f1b", v: int = 1) -> dict[str, list[tuple]]:
+    """Stage ``rank``'s passes cut into its phases, {"warm-up": [...], "steady": [...], "cool-down": [...]}.
+
+    Each pass is ("F" or "B", micro-batch, chunk).  Warm-up: the
+    ``warmup_forwards`` forwards that fill the pipeline; steady: alternating
+    one forward and one backward, (m·v − warm-up) of each; cool-down: the
+    backwards left, as many as the warm-up's forwards.  GPipe is all warm-up
+    and cool-down: its m forwards, then its m backwards, no steady phase.
+    """
     _check(p, m, v, schedule)
     if not 0 <= rank < p:
         raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
-    if schedule == "gpipe":
-        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
     total = m * v
     w = warmup_forwards(p, m, rank, schedule, v)
     fwd = [("F", *_chunk_mb(k, p, v, True)) for k in range(total)]
     bwd = [("B", *_chunk_mb(k, p, v, False)) for k in range(total)]
-    order = fwd[:w]
-    for k in range(total - w):
-        order += [fwd[w + k], bwd[k]]
-    return order + bwd[total - w:]
+    steady = [op for k in range(total - w) for op in (fwd[w + k], bwd[k])]
+    return {"warm-up": fwd[:w], "steady": steady, "cool-down": bwd[total - w:]}
+
+
+def schedule_order(p: int, m: int, rank: int, schedule: str = "1f1b", v: int = 1) -> list[tuple]:
+    """Stage ``rank``'s passes in order, as ("F" or "B", micro-batch, chunk): its phases joined."""
+    return [op for ops in phases(p, m, rank, schedule, v).values() for op in ops]
 
 
 def _needs(op: tuple, rank: int, p: int, v: int) -> tuple | None:
@@ -123,6 +136,22 @@ def ideal_schedule(p: int, m: int, schedule: str = "1f1b", v: int = 1, forward: 
         if not progressed:  # cannot happen for the schedules above; guards edits to them
             raise RuntimeError(f"the {schedule} order deadlocks for p={p}, m={m}, v={v}")
     return sorted(spans, key=lambda s: (s["start"], s["rank"]))
+
+
+def peak_held(spans: list[dict], rank: int, v: int = 1) -> float:
+    """Most micro-batches' activations ``rank`` holds at once in ``spans``, in whole stages.
+
+    Read from the timetable, not from a formula: a chunk's activations are
+    held from the end of its forward to the end of its backward, and each of
+    a rank's v chunks holds 1/v of its stage's layers.  On an ideal timetable
+    this equals ``cost.activations_held`` (the test shows it).
+    """
+    events = sorted((s["end"], 1 if s["name"][0] == "F" else -1) for s in spans if s["rank"] == rank)
+    held = peak = 0
+    for _, delta in events:  # at a tie the backward's release (-1) sorts first
+        held += delta
+        peak = max(peak, held)
+    return peak / v
 
 
 def p2p_messages(p: int, m: int, v: int = 1) -> int:
