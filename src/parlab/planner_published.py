@@ -13,8 +13,28 @@ Sources:
   Llama 3: Dubey et al. 2024 (arXiv 2407.21783), Table 4: 405B, TP 8, PP 16, seq 8192,
     H100 80 GB; TFLOP/s counted as model FLOPs (here 6N + 12·L·h·s, PaLM app. B).
   torchtitan docs/performance.md: Llama 3.1 8B on 8 H100s (96 GB HBM2e), FSDP, local batch 2,
-    5,762 tokens/s/GPU (commit 47d1825, Jan 2025); Llama 3 8B and 70B with FSDP on 64 A100
-    80 GB, 2,904 and 331 tokens/s/GPU (commit 1d5815c, Oct 2024).
+    "Selective activation checkpointing", 5,762 tokens/s/GPU at 82.4 GiB (Table 1, commit 47d1825,
+    Jan 2025; run at torchtitan 9dec370, whose llama3_8b.toml sets selective_ac_option = 'op');
+    Llama 3 8B and 70B with FSDP on 64 A100 80 GB, 2,904 tokens/s/GPU with "selective layer" and
+    331 with "full" checkpointing (commit 1d5815c, Oct 2024).
+
+Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
+planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
+(``Run.priced_as``).  torchtitan's "selective op" saves every matmul's output except every second
+one, and SDPA's, and recomputes the rest (torchtitan 9dec370, parallelize_llama.py
+``_custom_policy``); its "selective layer" fully recomputes every k-th layer
+(``selective_ac_option = 'k'``).  The planner's modes are none, Korthikanti's selective (the
+attention scores only, the same as none without stored scores) and full.
+
+Llama 3's data parallelism is FSDP that shards optimizer states and gradients and does not reshard
+the weights after forward (Dubey et al. 2024, §3.3.2).  It is priced as ZeRO-1: under PP with
+32 or 16 micro-batches per step the weights then stay gathered from the first forward to the last
+backward, which is ZeRO-1's whole bf16 weights and one all-gather per step.  The gradients are
+either accumulated whole and reduce-scattered once (ZeRO-1 exactly, memory and bytes) or
+reduce-scattered after every micro-batch (ZeRO-2's gradient memory, and accum times the
+reduce-scatter bytes); the paper does not say which.  ``LLAMA_FSDP`` gives the figures of the
+second reading: it needs less memory, moves more bytes, and does not change the miss below
+(``LLAMA_405B_MISS``: without recomputation the layout is still over the 72 GB a plan may use).
 """
 from __future__ import annotations
 
@@ -24,7 +44,7 @@ from functools import lru_cache
 from . import planner as P
 from .planner import ModelSpec, Plan, Workload
 
-__all__ = ["Run", "RUNS", "error_band", "ratios"]
+__all__ = ["Run", "RUNS", "error_band", "ratios", "llama_fsdp_zero2_reading"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,8 @@ class Run:
     plan: Plan
     reported: float  # tokens/s over all GPUs
     miss: str = ""  # why the planner misses it (kept out of the band), or ""
+    published_ac: str = ""  # the activation checkpointing as the source states it
+    priced_as: str = ""  # why plan.recompute is the planner's nearest mode, where it differs
 
 
 def _megatron(name, params, heads, h, l, tp, pp, gpus, batch, tflops) -> Run:
@@ -42,7 +64,7 @@ def _megatron(name, params, heads, h, l, tp, pp, gpus, batch, tflops) -> Run:
     flops = 96 * l * h * h * (1 + 2048 / (6 * h) + 51200 / (16 * l * h))  # per token, eq. (3)
     return Run(f"Megatron-LM {name}, {gpus} A100s (Narayanan 2021, Table 1)", Workload(m, P.A100_80GB(gpus), batch),
                Plan(dp=dp, tp=tp, pp=pp, zero=0, micro_batch=1, accum=batch // dp, recompute="full", sp=False),
-               tflops * 1e12 * gpus / flops)
+               tflops * 1e12 * gpus / flops, published_ac="full (Narayanan 2021)")
 
 
 LLAMA = dict(vocab=128256, kv_heads=8, gated=True, dropout=False)  # SwiGLU, GQA, no dropout (Dubey 2024)
@@ -61,13 +83,23 @@ LLAMA_405B_MISS = ("without recomputation the layout needs 101.7 GB (8,192 GPUs)
                    "not say which layers Meta recomputed; the planner has no partial mode (docs/planner.md)")
 
 
+TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
+                    "matmul FLOPs) and its elementwise ops, so its compute lies between none and full; without "
+                    "recomputation the planner counts 99.5 GB, over the 96 GB HBM, against 88.5 GB (82.4 GiB) "
+                    "measured, and predicts 1.57; under full, 33.0 GB and 1.19, the planner's lowest prediction "
+                    "for this run")
+TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none and full both predict 0.86 "
+                    "(ZeRO-3's exposed all-gathers take the time full recomputation adds), so any share does")
+
+
 def _llama(gpus, dp, per_dp, tflops) -> Run:
     # first and last stage one layer fewer (Dubey et al. 2024 §3.3.2); interleaved schedule (v=4 assumed);
     # full recomputation: the only mode under which the layout fits this planner's 34·sbh per layer
     return Run(f"Llama 3 405B, {gpus:,} H100s (Dubey 2024, Table 4)", Workload(L405, P.H100_SXM(gpus), dp * per_dp),
                Plan(dp=dp, tp=8, pp=16, zero=1, micro_batch=1, accum=per_dp, recompute="full",
                     stages=(7,) + (8,) * 14 + (7,), v=4),
-               tflops * 1e12 * gpus / _palm(L405), miss=LLAMA_405B_MISS)
+               tflops * 1e12 * gpus / _palm(L405), miss=LLAMA_405B_MISS, published_ac="not stated",
+               priced_as="full: the only mode under which the layout fits (see miss)")
 
 
 RUNS = (
@@ -78,12 +110,28 @@ RUNS = (
     _llama(8192, 64, 32, 430),
     _llama(16384, 128, 16, 400),
     Run("torchtitan Llama 3.1 8B, FSDP, 8 H100s", Workload(L8, P.H100_SXM(8, memory=96e9), 16),
-        Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=2, accum=1, recompute="full"), 5762 * 8),
+        Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=2, accum=1, recompute="full"), 5762 * 8,
+        published_ac="selective op (82.4 GiB measured)",
+        priced_as=TITAN_8B_H100_AC),
     Run("torchtitan Llama 3 8B, FSDP, 64 A100s", Workload(L8, P.A100_80GB(64), 64),
-        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="none"), 2904 * 64),
+        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 2904 * 64,
+        published_ac="selective layer", priced_as=TITAN_8B_A100_AC),
     Run("torchtitan Llama 3 70B, FSDP, 64 A100s", Workload(L70, P.A100_80GB(64), 64),
-        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64),
+        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64,
+        published_ac="full"),
 )
+
+
+def llama_fsdp_zero2_reading(run: Run) -> dict:
+    """Llama 3's FSDP read as ZeRO-2 under PP (gradients reduce-scattered after every micro-batch,
+    weights kept gathered): GB per GPU without and with full recomputation, and the reduce-scatters
+    of each stage's gradients per step (ZeRO-1's reading: one)."""
+    from dataclasses import replace
+
+    gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc), run.work.model) / 1e9
+          for rc in ("none", "full")}
+    return {"GB without recomputation": gb["none"], "GB with full recomputation": gb["full"],
+            "reduce-scatters per step": run.plan.accum}
 
 
 def ratios() -> dict[str, float]:
