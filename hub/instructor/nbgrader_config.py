@@ -1,15 +1,26 @@
 """nbgrader settings of the instructor's server (found through JUPYTER_CONFIG_PATH, set by the hub).
 
-Only the exchange: everything else about the course (source and release
-folders, the cell timeout, parlab's grading steps) is in the repository's
-nbgrader_config.py, which nbgrader reads from the course folder the
-instructor runs it in (the hub kit puts the course at ~/parlab).
+The exchange, and the late policy; everything else about the course (source
+and release folders, the cell timeout, parlab's grading steps) is in the
+repository's nbgrader_config.py, which nbgrader reads from the course folder
+the instructor runs it in (the hub kit puts the course at ~/parlab).
+``parlab grade`` reads both, in the same order as ``nbgrader autograde``.
 """
 import os
+import sys
 
 c = get_config()  # noqa: F821 - provided by traitlets
-load_subconfig(os.path.join(os.path.dirname(__file__), os.pardir, "exchange_config.py"))  # noqa: F821
+HUB = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
+load_subconfig(os.path.join(HUB, "exchange_config.py"))  # noqa: F821
 
 # The formgrader (a server extension, started in the home folder) finds the
 # course here; nbgrader run from inside ~/parlab finds it anyway.
 c.CourseDirectory.root = os.path.expanduser("~/parlab")
+
+# Late work: a tenth of the notebook's score per started day after the due date
+# (hub/late_penalty.py; the reasons are in docs/instructor.md, "Due dates and late work").
+# The due date is the gradebook's: nbgrader db assignment add <lab> --duedate "YYYY-MM-DD HH:MM:SS UTC".
+if HUB not in sys.path:
+    sys.path.insert(0, HUB)
+c.AssignLatePenalties.plugin_class = "late_penalty.PenaltyPerStartedDay"
+c.PenaltyPerStartedDay.fraction_per_day = 0.1

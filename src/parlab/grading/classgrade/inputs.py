@@ -77,13 +77,28 @@ class Assignment:
 
 
 def load_config(root: Path):
-    """The course's nbgrader_config.py, with the course root set to ``root``."""
-    from traitlets.config.loader import PyFileConfigLoader
+    """The nbgrader config ``nbgrader autograde`` run in ``root`` would use, with the course root set to ``root``.
+
+    As nbgrader does: each ``nbgrader_config.py`` on Jupyter's config path
+    (``JUPYTER_CONFIG_PATH``, ``~/.jupyter``, the environment's and the
+    system's; the first one found wins), then the course's on top.  (The
+    hub's instructor config, for one, names the course's late policy.)
+    """
+    from jupyter_core.paths import jupyter_config_dir, jupyter_config_path
+    from traitlets.config.loader import Config, ConfigFileNotFound, PyFileConfigLoader
 
     if not (root / "nbgrader_config.py").is_file():
         raise CourseError(f"no nbgrader_config.py in {root}: run parlab grade from the course root "
                           "(the folder with nbgrader_config.py), or pass --root")
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    folders = jupyter_config_path()
+    if jupyter_config_dir() not in folders:
+        folders.insert(0, jupyter_config_dir())
+    config = Config()
+    for folder in [*reversed(folders), str(root)]:
+        try:
+            config.merge(PyFileConfigLoader("nbgrader_config.py", path=folder).load_config())
+        except ConfigFileNotFound:
+            continue
     config.CourseDirectory.root = str(root)
     return config
 
