@@ -12,10 +12,11 @@ from parlab.planner_published import RUNS, error_band
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 TOLERANCE = 0.25  # predicted ÷ reported throughput within 1 ± this
-FASTER = 1.75  # the planner's best plan ÷ the published layout, at most
+FASTER = 1.75  # the planner's best plan ÷ the published layout (a known miss: ÷ its reported throughput), at most
 
 
 IDS = [r.name for r in RUNS]
+LLAMA_405B = [r for r in RUNS if r.name.startswith("Llama 3 405B")]
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +52,24 @@ def test_the_planners_best_keeps_tp_in_a_node_and_is_not_much_faster(run, result
     assert best is not None and best.plan.tp <= run.work.cluster.gpus_per_node
     if not run.plan.stages:  # a layout the search can express: it finds at least that fast a plan
         assert best.tokens_per_second >= pred.tokens_per_second * (1 - 1e-9)
-    assert best.tokens_per_second / pred.tokens_per_second <= FASTER
+    # a known miss is compared with what its authors reached, not with a prediction off by more than the band
+    published = run.reported if run.miss else pred.tokens_per_second
+    assert best.tokens_per_second / published <= FASTER
 
 
 def table() -> str:
     band = error_band()
     rows = [f"Error band (largest miss on the runs not marked as misses): ±{band:.0%}", "",
             "| run | published layout | checkpointing in the source | runs on | fits (GB) | predicted ÷ reported | "
-            "within ±{:.0%} | planner's best ÷ published |".format(band), "|---|---|---|---|---|---|---|---|"]
+            "within ±{:.0%} | planner's best ÷ published (a known miss: ÷ reported) |".format(band),
+            "|---|---|---|---|---|---|---|---|"]
     for r in RUNS:
         pred, best = P.predict(r.plan, r.work), P.search(r.work)
         ratio = pred.tokens_per_second / r.reported
         inside = "yes" if abs(ratio - 1) <= band else "no (known miss)"
         rows.append(f"| {r.name} | {r.plan} | {r.published_ac} | {planner_frameworks.runs_on(r.plan)} | {'yes' if pred.fits else 'no'} "
                     f"({sum(pred.memory.values()) / 1e9:.1f}) | {ratio:.2f} | {inside} | "
-                    f"{best.tokens_per_second / pred.tokens_per_second:.2f} |")
+                    f"{best.tokens_per_second / (r.reported if r.miss else pred.tokens_per_second):.2f} |")
     return "\n".join(rows)
 
 
@@ -79,7 +83,7 @@ def test_the_llama_405b_miss_is_written_with_its_figures():
     from dataclasses import replace
 
     from parlab.planner_published import LLAMA_405B_MISS
-    for run, gb, ratio in zip([r for r in RUNS if r.miss], ("101.7", "87.6"), ("0.94", "0.91")):
+    for run, gb, ratio in zip(LLAMA_405B, ("101.7", "87.6"), ("0.94", "0.91")):
         none = P.predict(replace(run.plan, recompute="none"), run.work)
         assert not none.fits and f"{sum(none.memory.values()) / 1e9:.1f}" == gb and gb in LLAMA_405B_MISS
         assert f"{none.tokens_per_second / run.reported:.2f}" == ratio and ratio in LLAMA_405B_MISS
@@ -112,7 +116,7 @@ def test_llama_3s_fsdp_read_as_zero2_still_does_not_fit_without_recomputation():
 
     from parlab.planner_published import llama_fsdp_zero2_reading
     doc = (Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text()
-    for run in (r for r in RUNS if r.miss):
+    for run in LLAMA_405B:
         got = llama_fsdp_zero2_reading(run)
         assert f"{got['GB without recomputation']:.1f} GB" in doc  # the figures docs/planner.md states
         assert got["GB without recomputation"] * 1e9 > run.work.cluster.usable_memory

@@ -75,7 +75,14 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            backward bucket by bucket (``--overlap-grad-reduce``, DDP buckets),
            parameter all-gathers the next forward (ZeRO-1/2 ``--overlap-param-gather``,
            FSDP prefetch).  Gradients travel in fp32 under "fp32_grads" (Megatron
-           reduces its fp32 grad buffer), weights in bf16.
+           reduces its fp32 grad buffer), weights in bf16.  A MoE model's routed experts
+           reduce over their dp·cp/ep expert-data-parallel ranks only.
+  ep       a MoE model under expert parallelism: per MoE layer and micro-batch the four
+           all-to-alls of ``cost.ep_comm_elems_per_layer`` (dispatch and combine, forward and
+           backward; again the forward's two under "full") for each TP rank's b·s/(cp·tp)
+           tokens, × the busiest rank's load (``ModelSpec.imbalance``, capped by
+           ``capacity``), exposed: Megatron-LM does not overlap them by default.  The
+           group is ep ranks tp·cp apart; across nodes when ep·cp·tp exceeds a node.
 Each collective costs a latency plus its per-rank ring bytes / busbw: the
 link's busbw inside a node (``Cluster.nvlink_busbw``, 370 GB/s on NVLink 4,
 nccl-tests issue #212) and ``network × network_efficiency`` across nodes.  The
@@ -86,7 +93,9 @@ gradient buckets are Megatron-Core's default, max(40M, 1M·dp) parameters each
 (``DistributedDataParallelConfig.bucket_size``).
 Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
 a link, kernel launch gaps, stragglers, the optimizer step's own time, the
-data loader, FP8, async TP, zero-bubble schedules and MoE.
+data loader, FP8, async TP, zero-bubble schedules; for MoE: the all-to-all's overlap (DeepSeek's
+DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``), its split over NVLink and the
+network, small experts' less efficient GEMMs, and where the dense layers sit.
 
     >>> from parlab import planner
     >>> best = planner.search(planner.SCENARIOS["7B on 8 H100s"])
@@ -101,7 +110,7 @@ from dataclasses import dataclass, field, replace  # noqa: F401  (replace is par
 from . import cost, planner_frameworks
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown",
-           "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "predict",
+           "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "ep_problems", "predict",
            "search", "candidates", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
 
@@ -130,6 +139,24 @@ class ModelSpec:
     ``gated``: a SwiGLU MLP (three ffn-wide matrices, Llama), ``dropout``: False
     for models trained without it (Llama 2 and 3).  ``params`` is the whole count
     (SwiGLU's third matrix included), from which each layer's share is derived.
+
+    A mixture of experts (``experts`` > 0): ``moe_layers`` of the layers (0: all) replace
+    their MLP by ``experts`` routed experts of width ``expert_ffn`` (each token goes to
+    ``top_k`` of them) plus ``shared_experts`` that every token goes through (DeepSeekMoE,
+    Dai et al. 2024).  The routed experts' weights (``expert_params``) are sharded over
+    expert parallelism (``Plan.ep``), the rest (attention, norms, router, shared experts,
+    the dense layers' MLPs: ``dense_params``) over data parallelism as in a dense model.
+    Both are spread evenly over the layers (a model whose first layers are dense, as
+    DeepSeek-V3's first 3 of 61 are, is averaged).  A token's compute is that of the
+    active parameters (``active_params``).  ``imbalance`` is the busiest expert-parallel
+    rank's share of the assignments over the mean; default 1.0, balanced, the assumption
+    ``cost.ep_comm_elems_per_layer`` makes, and what DeepSeek-V3's auxiliary-loss-free
+    balancing aims at: it reports good balance and drops no token (DeepSeek-AI 2024, §2.1.2).
+    Raise it for a model whose routing is less even: the busiest rank's expert compute and
+    all-to-all grow with it.  ``capacity`` is the capacity factor; default 0, dropless,
+    Megatron-Core's default (``moe_expert_capacity_factor=None``) and DeepSeek-V3's; GShard
+    and Switch Transformer cap each expert at a factor of 1.0-2.0 of the mean (Fedus et al.
+    2021, §2.1): no rank then processes more than capacity × the mean, the rest is dropped.
     """
 
     name: str
@@ -145,12 +172,36 @@ class ModelSpec:
     scores: bool = False
     gated: bool = False
     dropout: bool = True
+    experts: int = 0  # routed experts per MoE layer (0: a dense model)
+    top_k: int = 0  # routed experts per token
+    expert_ffn: int = 0  # each expert's MLP width
+    shared_experts: int = 0  # experts every token goes through
+    moe_layers: int = 0  # layers with experts (0: all, when experts > 0)
+    imbalance: float = 1.0  # busiest EP rank's assignments ÷ the mean
+    capacity: float = 0.0  # capacity factor (0: dropless)
 
     def __post_init__(self) -> None:
         if not self.params > 0:
             raise ValueError(f"params must be > 0, got {self.params!r}")
         for key in ("layers", "hidden", "heads", "seq", "vocab"):
             _whole(key, getattr(self, key))
+        for key in ("experts", "top_k", "expert_ffn", "shared_experts", "moe_layers"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} must be a whole number >= 0, got {value!r}")
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts or not self.expert_ffn:
+                raise ValueError(f"a MoE model needs 1 <= top_k <= experts and expert_ffn >= 1, got "
+                                 f"top_k={self.top_k}, experts={self.experts}, expert_ffn={self.expert_ffn}")
+            if self.moe_layers > self.layers:
+                raise ValueError(f"moe_layers={self.moe_layers} is more than the {self.layers} layers")
+        elif self.top_k or self.expert_ffn or self.shared_experts or self.moe_layers:
+            raise ValueError("top_k, expert_ffn, shared_experts and moe_layers describe experts: give experts too "
+                             "(ModelSpec(experts=..., top_k=..., expert_ffn=...))")
+        if not self.imbalance >= 1:
+            raise ValueError(f"imbalance is the busiest rank's load over the mean, >= 1; got {self.imbalance!r}")
+        if self.capacity != 0 and not self.capacity >= 1:
+            raise ValueError(f"capacity must be 0 (dropless) or a factor >= 1, got {self.capacity!r}")
         for key in ("ffn", "kv_heads"):
             value = getattr(self, key)
             if value != 0:
@@ -160,6 +211,9 @@ class ModelSpec:
         if self.layer_params <= 0:
             raise ValueError(f"params={self.params:.3g} is smaller than the embedding and output layer "
                              f"({self.embedding_params:.3g}): check vocab and hidden")
+        if self.dense_params <= 0:
+            raise ValueError(f"params={self.params:.3g} leaves nothing beside the embedding, output layer and the "
+                             f"routed experts ({self.expert_params:.3g}): check experts, expert_ffn and moe_layers")
 
     @property
     def ffn_width(self) -> int:
@@ -182,6 +236,32 @@ class ModelSpec:
     @property
     def layer_params(self) -> float:
         return (self.params - self.embedding_params) / self.layers
+
+    @property
+    def moe_layer_count(self) -> int:
+        return (self.moe_layers or self.layers) if self.experts else 0
+
+    @property
+    def expert_params(self) -> float:
+        """The routed experts' weights: MoE layers × experts × (3 if gated else 2)·h·expert_ffn."""
+        return self.moe_layer_count * self.experts * (3 if self.gated else 2) * self.hidden * self.expert_ffn
+
+    @property
+    def dense_params(self) -> float:
+        """Everything but the routed experts, the embedding and the output layer."""
+        return self.params - self.embedding_params - self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters a token goes through: all but the routed experts it is not sent to."""
+        if not self.experts:
+            return self.params
+        return self.params - self.expert_params * (1 - self.top_k / self.experts)
+
+    @property
+    def load(self) -> float:
+        """The busiest expert-parallel rank's assignments over the mean: the imbalance, capped by the capacity."""
+        return min(self.imbalance, self.capacity) if self.capacity else self.imbalance
 
 
 @dataclass(frozen=True)
@@ -341,7 +421,10 @@ class Plan:
     cp (context parallel), sp (Megatron sequence parallelism; None: on when
     tp > 1), v (interleaved 1F1B chunks per rank; 1 = plain 1F1B), stages
     (layers per pipeline stage, or () for the default split), precision
-    ("fp32_grads" or "zero16"), why (axis -> one line of reasoning, not compared).
+    ("fp32_grads" or "zero16"), ep (expert parallelism: a MoE model's routed experts split
+    over ep ranks of the dp·cp data-parallel ones, as Megatron-LM's
+    ``--expert-model-parallel-size``; their states are then sharded over the dp·cp/ep
+    expert-data-parallel ranks), why (axis -> one line of reasoning, not compared).
     ``micro_batch × accum`` is one replica's rows: dp·micro_batch·accum must
     equal the global batch.
     """
@@ -358,10 +441,11 @@ class Plan:
     v: int = 1
     stages: tuple = ()
     precision: str = "fp32_grads"
+    ep: int = 1
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        for key in ("dp", "tp", "pp", "micro_batch", "accum", "cp", "v"):
+        for key in ("dp", "tp", "pp", "micro_batch", "accum", "cp", "v", "ep"):
             _whole(key, getattr(self, key))
         if self.zero not in cost.ZERO_STAGES:
             raise ValueError(f"zero must be one of {cost.ZERO_STAGES}, got {self.zero!r}")
@@ -390,7 +474,8 @@ class Plan:
         return self.dp * self.cp * self.tp * self.pp
 
     def __str__(self) -> str:
-        extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" v={self.v}" if self.v > 1 else "",
+        extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" ep={self.ep}" if self.ep > 1 else "",
+                         f" v={self.v}" if self.v > 1 else "",
                          " SP" if self.sp and self.tp > 1 else "",
                          f" {self.recompute} recompute" if self.recompute != "none" else ""])
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} ZeRO-{self.zero} micro_batch={self.micro_batch} "
@@ -406,31 +491,61 @@ def stage_layers(plan: Plan, model: ModelSpec) -> tuple:
     return tuple(q + (1 if i < r else 0) for i in range(plan.pp))
 
 
+def _load(plan: Plan, model: ModelSpec) -> float:
+    """The busiest rank's expert load over the mean: ``model.load`` under EP; 1 when every rank holds
+    every expert (ep = 1: its own tokens' assignments, whatever the routing)."""
+    return model.load if plan.ep > 1 else 1.0
+
+
 def _act_layer(plan: Plan, model: ModelSpec, mode: str) -> float:
-    return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden, model.heads,
-                                           t=plan.tp, sp=plan.sp, recompute=mode, scores=model.scores,
-                                           **model.shape)
+    """Activation bytes of one layer (averaged over dense and MoE layers).  A MoE layer's MLP is counted as
+    one of width (top_k·load + shared)·expert_ffn per token (the rows its experts process), plus the
+    top_k·load dispatched copies of its input (bf16, h wide, split by TP with SP)."""
+    def one(ffn: int, extra: float) -> float:
+        shape = {**model.shape, "ffn": ffn}
+        return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden, model.heads,
+                                               t=plan.tp, sp=plan.sp, recompute=mode, scores=model.scores,
+                                               **shape) + extra
+    dense = one(model.ffn_width, 0.0)
+    if not model.experts:
+        return dense
+    rows = model.top_k * _load(plan, model)
+    width = max(1, round((rows + model.shared_experts) * model.expert_ffn))
+    copies = 0.0 if mode == "full" else BF16 * rows * model.seq / plan.cp * plan.micro_batch * model.hidden / plan.tp
+    share = model.moe_layer_count / model.layers
+    return share * one(width, copies) + (1 - share) * dense
+
+
+def _stage_split(plan: Plan, model: ModelSpec, rank: int) -> tuple[float, float]:
+    """(dense, routed-expert) parameters of stage ``rank``, all TP and EP ranks together."""
+    n = stage_layers(plan, model)[rank]
+    experts = n * model.expert_params / model.layers
+    dense = n * model.dense_params / model.layers
+    if rank == 0:
+        dense += model.vocab * model.hidden
+    if rank == plan.pp - 1 and (not model.tied or plan.pp > 1):
+        dense += model.vocab * model.hidden
+    return dense, experts
 
 
 def _stage_params(plan: Plan, model: ModelSpec, rank: int) -> float:
     """Parameters of stage ``rank`` (all TP ranks together): its layers, embedding, output layer."""
-    params = stage_layers(plan, model)[rank] * model.layer_params
-    if rank == 0:
-        params += model.vocab * model.hidden
-    if rank == plan.pp - 1 and (not model.tied or plan.pp > 1):
-        params += model.vocab * model.hidden
-    return params
+    return sum(_stage_split(plan, model, rank))
 
 
 def stage_memory(plan: Plan, model: ModelSpec, rank: int) -> dict[str, float]:
     """Bytes per GPU on pipeline stage ``rank``: weights, grads, optimizer, activations."""
     n = stage_layers(plan, model)[rank]
-    shard = _stage_params(plan, model, rank) / plan.tp
+    dense, experts = _stage_split(plan, model, rank)
+    dense, experts = dense / plan.tp, experts / (plan.tp * plan.ep)  # each GPU's shard
     w, g, o = cost.PRECISIONS[plan.precision]
     d = plan.dp * plan.cp
-    weights = w * shard / (d if plan.zero >= 3 else 1)
-    grads = g * shard / (d if plan.zero >= 2 else 1)
-    optimizer = o * shard / (d if plan.zero >= 1 else 1)
+    e = max(1, d // plan.ep)  # expert-data-parallel ranks
+
+    def held(per_param: float, from_stage: int) -> float:
+        sharded = plan.zero >= from_stage
+        return per_param * (dense / (d if sharded else 1) + experts / (e if sharded else 1))
+    weights, grads, optimizer = held(w, 3), held(g, 2), held(o, 1)
     m = plan.accum
     if plan.v > 1:
         held = cost.activations_held(plan.pp, m, "interleaved", rank=rank, v=plan.v)
@@ -507,13 +622,15 @@ def efficiency(plan: Plan, work: Workload) -> float:
 def _layer_flops(plan: Plan, m: ModelSpec, mode: str) -> tuple[float, float, float]:
     """(forward, backward, recomputed) FLOPs of one layer per token on one GPU."""
     attn = 4 * m.hidden * m.seq  # QK^T and AV, forward, per token (PaLM's 12·h·s for fwd + bwd)
-    fwd = (2 * m.layer_params + attn) / plan.tp
+    # the weights a token goes through; the busiest EP rank's experts take load × their share
+    routed = m.expert_params * _load(plan, m) * m.top_k / m.experts if m.experts else 0.0
+    fwd = (2 * (m.dense_params + routed) / m.layers + attn) / plan.tp
     extra = {"none": 0.0, "selective": attn / plan.tp if m.scores else 0.0, "full": fwd}[mode]
     return fwd, 2 * fwd, extra
 
 
 def step_time(plan: Plan, work: Workload) -> dict[str, float]:
-    """Seconds per optimizer step, by part (exposed time): compute, bubble, tp, cp, pp, dp; and total."""
+    """Seconds per optimizer step, by part (exposed time): compute, bubble, tp, cp, pp, ep, dp; and total."""
     m, c = work.model, work.cluster
     b, s, h, t = plan.micro_batch, m.seq, m.hidden, plan.tp
     tokens = b * s / plan.cp  # tokens per micro-batch on one GPU
@@ -571,15 +688,27 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         bw, lat = _bw(cross, c)
         hop = lat + b * (s / plan.cp) * h / t * BF16 / bw
         pp_t = 2 * (accum * plan.v + plan.pp - 1) * hop
-    # ---- data parallel over dp·cp ranks
+    # ---- expert parallel: the MoE layers' four all-to-alls, exposed (Megatron-LM's default)
+    ep_t = 0.0
+    if plan.ep > 1:
+        cross = _crosses(plan.ep * plan.cp * t, c)  # EP ranks are tp·cp apart (tp-cp-ep-dp-pp)
+        bw, lat = _bw(cross, c)[0], group_latency(plan.ep, c, cross)
+        rows = tokens / t  # each TP rank dispatches its sequence shard (Megatron needs SP with TP and EP)
+        per_layer = (cost.ep_comm_elems_per_layer(rows, h, m.top_k, plan.ep) * _load(plan, m) * BF16 / bw
+                     + 4 * lat)
+        again = 1 / 2 if plan.recompute == "full" else 0.0  # the recomputed forward dispatches and combines again
+        ep_t = per_layer * (1 + again) * n_slow * m.moe_layer_count / m.layers * accum
+    # ---- data parallel over dp·cp ranks (routed experts over the dp·cp/ep expert-data-parallel ones)
     dp_t = 0.0
     d = plan.dp * plan.cp
     if d > 1:
         cross = _crosses(d * t, c)
         bw, lat = _bw(cross, c)[0], group_latency(d, c, cross)
-        n_params = _stage_params(plan, m, slowest) / t
+        dense, experts = _stage_split(plan, m, slowest)
+        n_params = (dense + experts / plan.ep) / t
         g_bytes = cost.PRECISIONS[plan.precision][1]  # gradients reduce in their own precision
-        ring = (d - 1) / d * n_params  # elements per rank per ring pass
+        e = d // plan.ep
+        ring = (d - 1) / d * dense / t + (e - 1) / e * experts / (plan.ep * t)  # elements per rank per ring pass
         buckets = max(1, math.ceil(n_params / megatron_bucket_params(d)))
         fwd_mb = n_slow * fwd * tokens / rate
         bwd_mb = n_slow * (bwd + extra) * tokens / rate
@@ -598,7 +727,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
             ag, rs = ring * BF16 / bw, ring * g_bytes / bw
             dp_t = accum * (max(0.0, ag + n_slow * lat - fwd_mb)
                             + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
-    parts = {"compute": compute, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "dp": dp_t}
+    parts = {"compute": compute, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "ep": ep_t, "dp": dp_t}
     parts["total"] = sum(parts.values())
     return parts
 
@@ -616,8 +745,9 @@ def time_to_train(plan: Plan, work: Workload, tokens: float | None = None) -> fl
 class Problem(str):
     """One reason a plan cannot run, in words, with its ``kind``: "gpus" (the product of the degrees),
     "node" (TP across nodes), "heads", "layers", "stages", "interleaving", "cp", "batch", "zero",
-    "framework" (``planner_frameworks``) or "memory".  It is the text itself (a ``str``), so it prints
-    and compares as the sentence; code asks ``.kind`` instead of searching the words."""
+    "ep" (expert parallelism), "framework" (``planner_frameworks``) or "memory".  It is the text itself
+    (a ``str``), so it prints and compares as the sentence; code asks ``.kind`` instead of searching
+    the words."""
 
     kind: str
 
@@ -670,6 +800,7 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
     if plan.dp * plan.micro_batch * plan.accum != work.global_batch:
         add("batch", f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
                      f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
+    out.extend(ep_problems(plan, m))
     if plan.zero and plan.dp * plan.cp == 1:
         add("zero", f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
     for text in planner_frameworks.unrunnable(plan):
@@ -681,6 +812,22 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
             detail = ", ".join(f"{k} {v / 1e9:.1f}" for k, v in parts.items())
             add("memory", f"needs {need / 1e9:.1f} GB per GPU ({detail}), over the {c.usable_memory / 1e9:.0f} GB "
                           f"a plan may use ({c.headroom:.0%} of the {c.memory / 1e9:.0f} GB a GPU holds)")
+    return out
+
+
+def ep_problems(plan: Plan, m: ModelSpec) -> list[Problem]:
+    """Why ``plan``'s expert parallelism cannot run ``m`` as the planner prices it (kind "ep"), or []."""
+    if plan.ep == 1:
+        return []
+    out = []
+    if not m.experts:
+        return [Problem("ep", f"ep={plan.ep} needs a mixture of experts (ModelSpec(experts=..., top_k=..., "
+                              f"expert_ffn=...)): {m.name} has none")]
+    if m.experts % plan.ep:
+        out.append(Problem("ep", f"ep={plan.ep} does not divide the {m.experts} experts"))
+    if (plan.dp * plan.cp) % plan.ep:
+        out.append(Problem("ep", f"ep={plan.ep} must divide dp·cp = {plan.dp * plan.cp}: the expert-parallel "
+                                 "ranks are data-parallel ones (Megatron-LM, expert tensor parallelism = tp)"))
     return out
 
 
@@ -732,7 +879,8 @@ def candidates(work: Workload):
 
     tp inside a node and dividing the heads; pp up to the layers (uneven stages
     allowed); cp only for long sequences (s >= CP_FROM = 16k tokens, as
-    published runs use it: Llama 3 at 131k, torchtitan from 32k), with s/cp >= 2048 and cp <= 16; v in (1, 2, 4) where the
+    published runs use it: Llama 3 at 131k, torchtitan from 32k), with s/cp >= 2048 and cp <= 16; for a MoE
+    model every ep dividing both dp·cp and the experts (ZeRO-0/1 only under EP); v in (1, 2, 4) where the
     layers split evenly; ZeRO 0-3 where a framework runs it (``planner_frameworks.unrunnable``:
     not ZeRO-2/3 with pp > 1); recompute "none" and "full", plus
     "selective" when attention stores its scores (otherwise it equals "none").
@@ -752,14 +900,17 @@ def candidates(work: Workload):
                 dp = g // (tp * cp * pp)
                 if work.global_batch % dp:
                     continue
+                eps = [e for e in _divisors(dp * cp) if m.experts % e == 0] if m.experts else [1]
                 for mb in _divisors(work.global_batch // dp):
                     accum = work.global_batch // (dp * mb)
                     vs = [1] + [v for v in (2, 4) if pp > 1 and m.layers % (pp * v) == 0 and accum % pp == 0]
-                    for v in vs:
+                    for v, ep in ((v, ep) for v in vs for ep in eps):
                         for zero in (cost.ZERO_STAGES if dp * cp > 1 else (0,)):
+                            if ep > 1 and zero >= 2:
+                                continue
                             for rc in modes:
                                 plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, accum=accum,
-                                            recompute=rc, cp=cp, v=v, precision=work.precision)
+                                            recompute=rc, cp=cp, v=v, precision=work.precision, ep=ep)
                                 if not planner_frameworks.unrunnable(plan):
                                     yield plan
 
@@ -813,7 +964,9 @@ def explained(plan: Plan, work: Workload) -> Plan:
                f"{max(layers)} layers on the busiest stage, {crosses} of {plan.pp - 1} boundaries cross "
                f"nodes; bubble (pp-1)/(v·accum) = {(plan.pp - 1) / (plan.v * plan.accum):.2f}")),
         "dp": (f"dp={plan.dp}: the remaining GPUs each take {plan.micro_batch * plan.accum} sequences per step"
-               + (f"; cp={plan.cp} splits each sequence" if plan.cp > 1 else "")),
+               + (f"; cp={plan.cp} splits each sequence" if plan.cp > 1 else "")
+               + (f"; ep={plan.ep} of them split the {m.experts} experts ({m.experts // plan.ep} each)"
+                  if plan.ep > 1 else "")),
         "zero": (f"ZeRO-{plan.zero} ({plan.precision}): model states "
                  f"{(parts['weights'] + parts['grads'] + parts['optimizer']) / 1e9:.1f} GB per GPU, "
                  f"activations {parts['activations'] / 1e9:.1f} GB"

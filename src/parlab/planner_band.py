@@ -3,7 +3,7 @@
 The planner's predictions are off by up to ``planner_published.error_band()`` on published runs
 (the largest |predicted ÷ reported − 1| over the runs it covers).  A plan predicted within that
 share of the best plan's throughput cannot be told from it by the model: ``band(work)`` returns
-them all, ranked, each layout (dp, cp, tp, pp, ZeRO, v) once at its own best micro-batch and
+them all, ranked, each layout (dp, cp, tp, pp, ZeRO, v, ep) once at its own best micro-batch and
 recomputation, so that no alternative is shown at a setting that handicaps it.  Among them the
 choice rests on what the model leaves out, and ``Choice.notes`` names it for each plan:
   memory margin   the GB left under the usable HBM (fragmentation, communication buffers and
@@ -24,7 +24,7 @@ __all__ = ["Choice", "Band", "band", "layout_key"]
 
 def layout_key(plan: planner.Plan) -> tuple:
     """The layout of a plan, without its micro-batch and recomputation."""
-    return (plan.dp, plan.cp, plan.tp, plan.pp, plan.zero, plan.v)
+    return (plan.dp, plan.cp, plan.tp, plan.pp, plan.zero, plan.v, plan.ep)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,13 @@ Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32
              and optimizer states: ZeRO-2's memory, but its weights are all-gathered again in
              every micro-batch's forward (the planner prices that, ``step_time``).
   ZeRO-3     pp = 1: torchtitan's FSDP2 (``data_parallel_shard_degree``), with TP and CP.
+  EP         a MoE model's expert parallelism (``Plan.ep``) as Megatron-LM runs it:
+             ``--expert-model-parallel-size`` with ``--num-experts``, ``--moe-router-topk``,
+             ``--moe-ffn-hidden-size``; the expert-parallel ranks are data-parallel ones and the
+             experts' tensor parallelism is the plan's tp (``--expert-tensor-parallel-size``,
+             default tp); ZeRO-0/1 (the distributed optimizer shards the experts' states over
+             the expert-data-parallel ranks).  Megatron-LM, megatron/training/arguments.py and
+             megatron/core/transformer/moe/README.md.
 
 What no framework runs (``unrunnable``):
   ZeRO-2/3 with pp > 1.  DeepSpeed's ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``
@@ -30,6 +37,14 @@ What no framework runs (``unrunnable``):
         Use zero=1.
   TP without sequence parallelism under FSDP (ZeRO-2/3, tp > 1): torchtitan's TP plan shards
         the norms' sequence (``SequenceParallel``) whenever TP is on.
+  EP with ZeRO-2/3 is not priced: torchtitan runs FSDP with EP (``expert_parallel_degree``,
+        which borrows its ranks from FSDP and TP: efsdp = dp_shard·cp·tp/ep,
+        torchtitan/config/configs.py) and DeepSpeed-MoE runs EP with ZeRO
+        (``deepspeed.moe.layer.MoE(ep_size=...)``), but the planner prices EP only as
+        Megatron-LM runs it.  Use zero=1.
+  TP without sequence parallelism under EP: Megatron-Core raises "When using expert
+        parallelism and tensor parallelism, sequence parallelism must be used"
+        (megatron/core/model_parallel_config.py).
   precision "zero16" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's accounting: DeepSpeed runs it
         with tp = cp = 1 (its own ``PipelineModule`` for pp > 1, ZeRO ≤ 1 there) and without
         interleaving (its pipeline schedule is plain 1F1B, deepspeed/runtime/pipe/schedule.py).
@@ -53,7 +68,7 @@ FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
 
 @dataclass(frozen=True)
 class Rule:
-    """One thing no framework runs: ``breaks(plan)`` is True for a plan that needs it."""
+    """One thing no framework runs as the planner prices it: ``breaks(plan)`` is True for a plan that needs it."""
 
     name: str
     says: str  # what to do instead
@@ -66,6 +81,8 @@ class Rule:
 _CHECKS = {
     "sharded gradients under PP": lambda p: p.zero >= 2 and p.pp > 1,
     "FSDP's TP without SP": lambda p: p.precision == "fp32_grads" and p.zero >= 2 and p.tp > 1 and not p.sp,
+    "EP with sharded gradients": lambda p: p.ep > 1 and p.zero >= 2,
+    "EP's TP without SP": lambda p: p.ep > 1 and p.tp > 1 and not p.sp,
     "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
                                                                      or (p.pp > 1 and p.zero >= 2)),
 }
@@ -82,6 +99,17 @@ RULES = (
          "tp={tp} with sp=False under ZeRO-{zero}: torchtitan, which runs FSDP with TP, always adds "
          "sequence parallelism to its TP plan: use sp=True (or ZeRO-1 on Megatron-LM)",
          "torchtitan models/llama3/infra/parallelize.py (apply_tp: SequenceParallel on the norms)"),
+    Rule("EP with sharded gradients",
+         "ep={ep} with ZeRO-{zero}: the planner prices expert parallelism as Megatron-LM runs it, with ZeRO-0/1 "
+         "(torchtitan's FSDP with expert_parallel_degree and DeepSpeed-MoE's EP with ZeRO are not modelled): "
+         "use zero=1",
+         "torchtitan/config/configs.py (expert_parallel_degree: efsdp = dp_shard*cp*tp/ep); deepspeed/moe/layer.py "
+         "(MoE(ep_size=...)); Megatron-LM megatron/core/transformer/moe/README.md (EP with the distributed optimizer)"),
+    Rule("EP's TP without SP",
+         "ep={ep} and tp={tp} with sp=False: Megatron-LM needs sequence parallelism when expert and tensor "
+         "parallelism are both on: use sp=True",
+         "megatron/core/model_parallel_config.py (\"When using expert parallelism and tensor parallelism, "
+         "sequence parallelism must be used\")"),
     Rule("zero16 beyond DeepSpeed",
          "precision \"zero16\" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's, which runs it without TP, CP or "
          "interleaving and with ZeRO <= 1 under its pipeline: use precision \"fp32_grads\" "
@@ -92,7 +120,7 @@ RULES = (
 
 def unrunnable(plan) -> list[str]:
     """The rule each framework breaks for ``plan``, in words with what to use instead; [] if one runs it."""
-    fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp)
+    fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp, ep=plan.ep)
     return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
 
 
@@ -103,7 +131,7 @@ def runs_on(plan) -> str:
         raise ValueError("no framework runs this plan: " + "; ".join(found))
     if plan.precision == "zero16":
         return "DeepSpeed"
-    if plan.zero <= 1:
+    if plan.zero <= 1 or plan.ep > 1:
         return "Megatron-LM"
     if plan.zero == 2 and plan.tp == plan.cp == plan.pp == 1:
         return "DeepSpeed"
@@ -133,6 +161,15 @@ def _megatron(plan, work, layers) -> str:
             f"--ffn-hidden-size {m.ffn_width}", "--bf16"]
     if m.kv != m.heads:
         args.append(f"--group-query-attention --num-query-groups {m.kv}")
+    if m.experts:
+        args.append(f"--num-experts {m.experts} --moe-router-topk {m.top_k} --moe-ffn-hidden-size {m.expert_ffn}")
+        if m.shared_experts:
+            args.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.expert_ffn}")
+        if m.moe_layer_count < m.layers:  # dense layers first, as DeepSeek-V3's
+            args.append(f"--moe-layer-freq \"([0]*{m.layers - m.moe_layer_count}+[1]*{m.moe_layer_count})\"")
+        if m.capacity:
+            args.append(f"--moe-expert-capacity-factor {m.capacity:g}")
+        args.append(f"--expert-model-parallel-size {plan.ep} --moe-grouped-gemm")
     if plan.sp and plan.tp > 1:
         args.append("--sequence-parallel")
     if plan.cp > 1:

@@ -17,6 +17,15 @@ Sources:
     Jan 2025; run at torchtitan 9dec370, whose llama3_8b.toml sets selective_ac_option = 'op');
     Llama 3 8B and 70B with FSDP on 64 A100 80 GB, 2,904 tokens/s/GPU with "selective layer" and
     331 with "full" checkpointing (commit 1d5815c, Oct 2024).
+  DeepSeek-V3: DeepSeek-AI 2024 (arXiv 2412.19437).  671B parameters, 37B active, 61 layers
+    (the first 3 dense, FFN 18,432), h = 7,168, 128 heads (MLA), 256 routed experts of width
+    2,048 and 1 shared expert per MoE layer, top-8, vocabulary 129,280 (§4.2); sequence 4,096,
+    batch 15,360 sequences after the ramp-up (§4.2); 2,048 H800 GPUs, NVLink 160 GB/s and
+    InfiniBand 50 GB/s per GPU as §3.2.2 states them; PP 16, EP 64 over 8 nodes, ZeRO-1 data
+    parallelism, no TP (§3.2).  Throughput: "training DeepSeek-V3 on each trillion tokens
+    requires only 180K H800 GPU hours" (§1; Table 1: 2,664K GPU hours for 14.8T tokens of
+    pre-training), i.e. 1e12 / (180,000 × 3,600 s) = 1,543 tokens/s per GPU.  The micro-batch
+    is not stated (1 assumed).  H800: the H100 SXM's compute and HBM, less NVLink.
 
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
@@ -92,6 +101,17 @@ TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none
                     "(ZeRO-3's exposed all-gathers take the time full recomputation adds), so any share does")
 
 
+DSV3 = ModelSpec("DeepSeek-V3", 671e9, 61, 7168, 128, 4096, vocab=129280, ffn=18432, gated=True, dropout=False,
+                 experts=256, top_k=8, expert_ffn=2048, shared_experts=1, moe_layers=58)
+H800 = P.H100_SXM(2048, nvlink=200e9, nvlink_busbw=160e9, network=50e9, name="H800")
+DSV3_MISS = ("priced under full recomputation (DeepSeek-V3 recomputes only RMSNorm and the MLA up-projections, "
+             "§3.2.3; without recomputation the planner counts 107.4 GB per 80 GB GPU) it is predicted at 0.43, "
+             "without recomputation at 0.57, of which the exposed all-to-all is 15.9 of 34.8 s per step. DeepSeek-V3 "
+             "hides the all-to-all behind compute (DualPipe, §3.2.1), sends each token over InfiniBand to at most 4 "
+             "nodes and dispatches in FP8 (§3.2.2), and runs its GEMMs in FP8 (§3.3): none of it is in the planner, "
+             "which prices bf16 GEMMs and Megatron-LM's exposed all-to-all (docs/planner.md)")
+
+
 def _llama(gpus, dp, per_dp, tflops) -> Run:
     # first and last stage one layer fewer (Dubey et al. 2024 §3.3.2); interleaved schedule (v=4 assumed);
     # full recomputation: the only mode under which the layout fits this planner's 34·sbh per layer
@@ -119,6 +139,10 @@ RUNS = (
     Run("torchtitan Llama 3 70B, FSDP, 64 A100s", Workload(L70, P.A100_80GB(64), 64),
         Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64,
         published_ac="full"),
+    Run("DeepSeek-V3, 2,048 H800s (DeepSeek-AI 2024)", Workload(DSV3, H800, 15360),
+        Plan(dp=128, tp=1, pp=16, zero=1, micro_batch=1, accum=120, recompute="full", ep=64),
+        1e12 / (180e3 * 3600) * 2048, miss=DSV3_MISS, published_ac="RMSNorm and MLA up-projection (§3.2.3)",
+        priced_as="full: without recomputation the layout does not fit (see miss)"),
 )
 
 
