@@ -23,8 +23,9 @@ pytestmark = [pytest.mark.ranks, pytest.mark.timeout(600)]
 
 # ---------------------------------------------------------------- correct answers, written differently
 class _RingBatched(torch.autograd.Function):
-    """K and V as two messages, batch_isend_irecv, the ring running towards rank r - 1, one
-    dense masked block per step (no half-block skipping)."""
+    """K and V as two messages, one batch_isend_irecv per hop with the receives listed first, the
+    backward ring running the other way (towards rank r - 1, as TransformerEngine's does), one dense
+    masked block per step (no half-block skipping)."""
 
     @staticmethod
     def forward(ctx, q, k, v, positions, causal):
@@ -34,11 +35,11 @@ class _RingBatched(torch.autograd.Function):
         num, den = torch.zeros_like(q), torch.zeros_like(m)
         cur_k, cur_v = k.clone(), v.clone()
         for step in range(n):
-            j = (rank + step) % n  # the ring runs the other way: chunk of rank r + step
+            j = (rank - step) % n  # forward: the chunk of rank r - step, from rank r - 1
             if step < n - 1:
                 nk, nv = torch.empty_like(cur_k), torch.empty_like(cur_v)
-                ops = [dist.P2POp(dist.isend, cur_k, (rank - 1) % n), dist.P2POp(dist.isend, cur_v, (rank - 1) % n),
-                       dist.P2POp(dist.irecv, nk, (rank + 1) % n), dist.P2POp(dist.irecv, nv, (rank + 1) % n)]
+                ops = [dist.P2POp(dist.irecv, nk, (rank - 1) % n), dist.P2POp(dist.irecv, nv, (rank - 1) % n),
+                       dist.P2POp(dist.isend, cur_k, (rank + 1) % n), dist.P2POp(dist.isend, cur_v, (rank + 1) % n)]
                 reqs = dist.batch_isend_irecv(ops)
             s = torch.matmul(q, cur_k.transpose(-1, -2)) * scale
             if causal:
@@ -111,6 +112,8 @@ class ExpertParallelScatter(nn.Module):
         import copy
 
         n, rank = dist.get_world_size(group), dist.get_rank(group)
+        if moe.n_experts % n:
+            raise ValueError(f"E = {moe.n_experts} is not a multiple of the group's {n} ranks")
         self.group, self.n, self.per = group, n, moe.n_experts // n
         self.top_k, self.cf = moe.top_k, moe.capacity_factor
         self.router = copy.deepcopy(moe.router)

@@ -13,13 +13,13 @@ from parlab.planner import Plan
 
 
 # ------------------------------------------------------------ memory_per_gpu
-def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None, working=True):
+def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None, working=True, tie=True):
     layers = planner.stage_layers(plan, model)
     n = layers[r]
     params = n * model.layer_params
     if r == 0:
         params += model.vocab * model.hidden
-    if r == plan.pp - 1 and (not model.tied or plan.pp > 1):
+    if r == plan.pp - 1 and (not (model.tied and tie) or plan.pp > 1):
         params += model.vocab * model.hidden
     states = cost.model_state_bytes(params / plan.tp, plan.dp * plan.cp, plan.zero,
                                     precision or plan.precision)
@@ -48,7 +48,8 @@ def memory(plan, model):
 
 def memory_by_hand(plan, model):
     """The same model written out: bytes per parameter with ZeRO's divisions, Korthikanti's table
-    without stored scores (FlashAttention), 1F1B's in-flight count, per stage."""
+    (the 5as/h term only when scores are stored; with dropout off 2as/h), 1F1B's in-flight count,
+    per stage; a tied output layer counted once on a single stage."""
     w, g, o = {"zero16": (2, 2, 12), "fp32_grads": (2, 4, 12)}[plan.precision]
     d = plan.dp * plan.cp
     per_stage = [model.layers // plan.pp + (1 if r < model.layers % plan.pp else 0) for r in range(plan.pp)]
@@ -60,21 +61,26 @@ def memory_by_hand(plan, model):
     # Q, K and V (K, V narrower under GQA), attention output, the MLP's 2 (or SwiGLU's 3) ffn-wide tensors
     split = 2 + 4 * kv / model.heads + 2 + (6 if model.gated else 4) * ffn / h
     unsplit = 8 + (2 if model.dropout else 0)  # norm inputs, attention and MLP inputs, dropout masks
+    scores = s * b * h * (5 if model.dropout else 2) * model.heads * s / h / t if model.scores else 0.0
+    nothing_kept = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t) + scores
     if plan.recompute == "full":
-        layer = 2 * s * b * h / (t if plan.sp else 1)
+        layer, working = 2 * s * b * h / (t if plan.sp else 1), nothing_kept
+    elif plan.recompute == "selective":  # the scores recomputed: one layer's of them at a time
+        layer, working = nothing_kept - scores, scores
     else:
-        layer = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t)
-    nothing_kept = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t)
+        layer, working = nothing_kept, 0.0
+    embeddings = 1 if model.tied else 2
     worst = 0.0
     for r, n in enumerate(per_stage):
-        psi = (n * (model.params - 2 * V * h) / model.layers + V * h * ((r == 0) + (r == plan.pp - 1))) / t
+        output = r == plan.pp - 1 and (not model.tied or plan.pp > 1)  # tied, one stage: one matrix
+        psi = (n * (model.params - embeddings * V * h) / model.layers + V * h * ((r == 0) + output)) / t
         states = psi * (w / (d if plan.zero == 3 else 1) + g / (d if plan.zero >= 2 else 1)
                         + o / (d if plan.zero >= 1 else 1))
         if plan.v == 1:
             inflight = min(plan.accum, plan.pp - r)
         else:
             inflight = cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v)
-        acts = layer * n * inflight + (nothing_kept if plan.recompute == "full" else 0)
+        acts = layer * n * inflight + working
         acts += 4 * b * s * V / t if r == plan.pp - 1 else 0
         worst = max(worst, states + acts)
     return worst
@@ -109,6 +115,25 @@ def memory_no_logits(plan, model):
 
 def memory_zero16_always(plan, model):
     return max(_stage(plan, model, r, precision="zero16") for r in range(plan.pp))
+
+
+def memory_output_layer_untied(plan, model):
+    """Counts the output layer on its own even when it is the (tied) embedding on one stage."""
+    return max(_stage(plan, model, r, tie=False) for r in range(plan.pp))
+
+
+def memory_selective_no_working_set(plan, model):
+    """Leaves out the working set of the layer whose attention selective recomputation redoes."""
+    return max(_stage(plan, model, r, working=plan.recompute != "selective") for r in range(plan.pp))
+
+
+def memory_ignores_zero(plan, model):
+    """Every GPU keeps all of its stage's model states, whatever plan.zero says."""
+    return max(_stage(replace(plan, zero=0), model, r) for r in range(plan.pp))
+
+
+def memory_calls_the_reference(plan, model):
+    return planner.memory_per_gpu(plan, model)
 
 
 def memory_in_gb(plan, model):
@@ -267,7 +292,11 @@ WRONG = {
                (memory_stage0_only, "not always stage 0"),
                (memory_no_logits, "fp32 logits"),
                (memory_zero16_always, "plan.precision"),
-               (memory_in_gb, "not GB")],
+               (memory_in_gb, "not GB"),
+               (memory_ignores_zero, "That is ZeRO-0's model-state memory"),
+               (memory_output_layer_untied, "model.tied"),
+               (memory_selective_no_working_set, "Under selective recomputation"),
+               (memory_calls_the_reference, "planner.memory_per_gpu")],
     "choose": [(choose_ignores_activations, "Without the activations"),
                (choose_ignores_optimizer, "Without the optimizer states"),
                (choose_tp_across_nodes, "inside a node"),

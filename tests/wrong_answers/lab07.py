@@ -4,12 +4,17 @@
 (fixture, words the check's message must contain).  Ring attention: partial
 softmaxes merged without rescaling; the causal mask wrong on global
 positions (later chunks attended, or every block masked as if it were the
-diagonal); a send/send deadlock; a backward whose dK/dV never travel back;
-and right numbers reached the wrong way (an all-gather of K/V, compute before
-the send, an input scaled in place).  Expert parallelism: the combine in the
-wrong order, the router's weights not applied, an expert's gradient summed
-over the world, uneven splits assumed equal, and right numbers reached the
-wrong way (tokens all-gathered; the payload sent before the counts).
+diagonal); the scores left unscaled; a send/send deadlock; a backward whose
+dK/dV never travel back; and right numbers reached the wrong way (an
+all-gather of K/V, compute before the send, an input scaled in place, the
+ring run towards rank r - 1).  Zig-zag: the plain split, no check of the
+length, an error that does not say what is wrong.  Expert parallelism: the
+combine in the wrong order, the router's weights not applied, an expert's
+gradient summed over the world, uneven splits assumed equal, `group`
+ignored, E not divisible by n accepted, and right numbers reached the wrong
+way (tokens all-gathered; the payload sent before the counts).  The
+expert-parallel fixtures honour `group` and raise on E % n, each with only
+the mistake its name says.
 tests/test_lab07.py runs every fixture.
 """
 import copy
@@ -37,12 +42,12 @@ def _scores(q, k, qpos, kpos, causal, mask, scale):
     return s.masked_fill(hide, float("-inf"))
 
 
-def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False):
+def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False, way=1, scaled=True):
     class Ring(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, positions, causal):
             rank, n = dist.get_rank(), dist.get_world_size()
-            scale = q.shape[-1] ** -0.5
+            scale = q.shape[-1] ** -0.5 if scaled else 1.0
             if in_place:
                 q.mul_(scale)
                 scale_q = 1.0
@@ -51,12 +56,13 @@ def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in
             out = torch.zeros_like(q)
             lse = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=q.dtype)
             kv, total = torch.stack([k, v]), 0
+            nxt, prev = (rank + way) % n, (rank - way) % n
             for step in range(n):
-                j = (rank - step) % n
+                j = (rank - way * step) % n
                 incoming = torch.empty_like(kv)
                 reqs = []
                 if step < n - 1 and order == "send_first" and not blocking:
-                    reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+                    reqs = [dist.isend(kv, nxt), dist.irecv(incoming, prev)]
                 s = _scores(q, kv[0], positions[rank], positions[j], causal, mask, scale_q)
                 b_lse = torch.logsumexp(s, -1, keepdim=True)
                 o_b = torch.exp(s - b_lse.clamp_min(-1e300)) @ kv[1]
@@ -69,10 +75,10 @@ def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in
                     out, total = out + torch.where(seen, o_b, 0.0), total + seen.to(q.dtype)
                     lse = torch.logaddexp(lse, b_lse)
                 if step < n - 1 and blocking:
-                    dist.send(kv, (rank + 1) % n)
-                    dist.recv(incoming, (rank - 1) % n)
+                    dist.send(kv, nxt)
+                    dist.recv(incoming, prev)
                 elif step < n - 1 and order == "compute_first":
-                    reqs = [dist.isend(kv, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]
+                    reqs = [dist.isend(kv, nxt), dist.irecv(incoming, prev)]
                 for r in reqs:
                     r.wait()
                 if step < n - 1:
@@ -90,8 +96,9 @@ def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in
             delta = (dout * out).sum(-1, keepdim=True)
             dq = torch.zeros_like(q)
             held = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])
+            nxt, prev = (rank + way) % n, (rank - way) % n
             for step in range(n):
-                j = (rank - step) % n
+                j = (rank - way * step) % n
                 s = _scores(q, held[0], positions[rank], positions[j], ctx.causal, mask, ctx.scale)
                 p = torch.exp(s - lse)
                 ds = p * (dout @ held[1].transpose(-1, -2) - delta)
@@ -100,7 +107,7 @@ def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in
                     [ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout])])
                 send = held if step < n - 1 else held[2:].contiguous()
                 incoming = torch.empty_like(send)
-                for r in [dist.isend(send, (rank + 1) % n), dist.irecv(incoming, (rank - 1) % n)]:
+                for r in [dist.isend(send, nxt), dist.irecv(incoming, prev)]:
                     r.wait()
                 held = incoming
             return dq * ctx.dq_factor, held[0], held[1], None, None
@@ -177,6 +184,16 @@ def ring_compute_then_send(q, k, v, positions, causal=False):
     return _ring(order="compute_first")(q, k, v, positions, causal)
 
 
+def ring_unscaled(q, k, v, positions, causal=False):
+    """The scores q·kᵀ left without the 1/√D scale."""
+    return _ring(scaled=False)(q, k, v, positions, causal)
+
+
+def ring_runs_backwards(q, k, v, positions, causal=False):
+    """Right numbers from a ring run the other way: each rank sends to rank r - 1."""
+    return _ring(way=-1)(q, k, v, positions, causal)
+
+
 def ring_scales_q_in_place(q, k, v, positions, causal=False):
     """Scales q in place before the ring (the gradients allow for it, so only the input is wrong)."""
     return _ring(in_place=True)(q, k, v, positions, causal)
@@ -197,20 +214,27 @@ def zigzag_no_check(s, c):
                                    torch.arange((2 * c - 1 - r) * half, (2 * c - r) * half)]) for r in range(c)])
 
 
+def zigzag_vague_error(s, c):
+    """Raises on an uneven length, but the message does not say what is wrong."""
+    if s % (2 * c):
+        raise ValueError("bad sequence length")
+    return zigzag_no_check(s, c)
+
+
 # ------------------------------------------------ expert parallelism, with one knob per mistake
 class _A2A(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, send, recv):
-        ctx.send, ctx.recv = send, recv
+    def forward(ctx, x, send, recv, group=None):
+        ctx.send, ctx.recv, ctx.group = send, recv, group
         out = x.new_empty((sum(recv) if recv is not None else x.shape[0],) + x.shape[1:])
-        dist.all_to_all_single(out, x.contiguous(), recv, send)
+        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
         return out
 
     @staticmethod
     def backward(ctx, g):
         back = g.new_empty((sum(ctx.send) if ctx.send is not None else g.shape[0],) + g.shape[1:])
-        dist.all_to_all_single(back, g.contiguous(), ctx.send, ctx.recv)
-        return back, None, None
+        dist.all_to_all_single(back, g.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        return back, None, None, None
 
 
 class _Sum(torch.autograd.Function):
@@ -232,7 +256,9 @@ class _Owner(nn.Module):
 
     def __init__(self, moe, group=None):
         super().__init__()
-        n, self.rank = dist.get_world_size(), dist.get_rank()
+        n, self.rank, self.group = dist.get_world_size(group), dist.get_rank(group), group
+        if moe.n_experts % n:
+            raise ValueError(f"{moe.n_experts} experts do not divide over {n} ranks")
         self.n, self.per, self.k, self.cf = n, moe.n_experts // n, moe.top_k, moe.capacity_factor
         self.router = copy.deepcopy(moe.router)
         self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e])
@@ -257,13 +283,13 @@ def _ep(combine="right", weighted=True, sum_grads=False, equal_splits=False):
             token, chosen, w = token[order], chosen[order], w[order]
             counts = torch.bincount(chosen, minlength=self.n * self.per)
             got = torch.empty_like(counts)
-            dist.all_to_all_single(got, counts)
+            dist.all_to_all_single(got, counts, group=self.group)
             send = counts.view(self.n, self.per).sum(1).tolist()
             recv = got.view(self.n, self.per).sum(1).tolist()
             if equal_splits:
-                arrived = _A2A.apply(x[token], None, None)
+                arrived = _A2A.apply(x[token], None, None, self.group)
             else:
-                arrived = _A2A.apply(x[token], send, recv)
+                arrived = _A2A.apply(x[token], send, recv, self.group)
             local = torch.arange(self.per).repeat(self.n).repeat_interleave(got)
             if equal_splits:
                 local = local[:arrived.shape[0]]
@@ -273,7 +299,8 @@ def _ep(combine="right", weighted=True, sum_grads=False, equal_splits=False):
                 rows = torch.nonzero(local == i).squeeze(1)
                 if rows.numel():
                     done = done.index_add(0, rows, self._expert(i, arrived[rows]))
-            back = _A2A.apply(done, None, None) if equal_splits else _A2A.apply(done, recv, send)
+            back = (_A2A.apply(done, None, None, self.group) if equal_splits
+                    else _A2A.apply(done, recv, send, self.group))
             if weighted:
                 back = back * w[:, None]
             if combine == "sorted":  # results added to tokens in the sorted order, not undone
@@ -296,12 +323,34 @@ EPEqualSplits.__name__ = EPEqualSplits.__qualname__ = "EPEqualSplits"
 EPEqualSplits.__doc__ = "Calls the payload's all-to-all without split sizes: equal splits assumed."
 
 
+class _Gather(torch.autograd.Function):
+    """All-gather (stacked); backward sums the gradients over the group and keeps this rank's."""
+
+    @staticmethod
+    def forward(ctx, x, group, rank):
+        ctx.group, ctx.rank = group, rank
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous().clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g[ctx.rank], None, None
+
+
 class EPAllGather(_Owner):
     """Every rank all-gathers every token, runs its experts on those routed to them, and the
     outputs are all-reduced: right numbers, every token sent everywhere."""
 
     def forward(self, x):
-        parts = dnn.all_gather(x)
+        mine = torch.tensor([x.shape[0]])
+        sizes = [torch.zeros_like(mine) for _ in range(self.n)]
+        dist.all_gather(sizes, mine, group=self.group)  # ranks may hold different numbers of tokens
+        most = max(int(t) for t in sizes)
+        padded = torch.cat([x, x.new_zeros(most - x.shape[0], x.shape[1])])
+        parts = [p[:int(t)] for p, t in zip(_Gather.apply(padded, self.group, self.rank), sizes)]
         outs = []
         for xs in parts:
             e, w, kept = route(self.router, xs, self.k, self.cf)
@@ -310,16 +359,17 @@ class EPAllGather(_Owner):
                 t, slot = torch.nonzero((e == self.rank * self.per + i) & kept, as_tuple=True)
                 if t.numel():
                     out = out.index_add(0, t, w[t, slot, None] * m(xs[t]))
-            outs.append(out)
-        return dnn.all_reduce(torch.stack(outs))[self.rank]
+            outs.append(torch.cat([out, out.new_zeros(most - out.shape[0], out.shape[1])]))
+        return dnn.all_reduce(torch.stack(outs), group=self.group)[self.rank][:x.shape[0]]
 
 
 class EPPayloadBeforeCounts(_Owner):
-    """Pads every rank's payload to T·k rows per destination, sends it, and only then the counts."""
+    """Pads every rank's payload to a fixed 32·k rows per destination (more than any rank's T·k
+    here), sends it, and only then the counts."""
 
     def forward(self, x):
         e, w, kept = route(self.router, x, self.k, self.cf)
-        rows = x.shape[0] * self.k
+        rows = 32 * self.k
         slots, pads, metas = [], [], []
         for dst in range(self.n):
             t, slot = torch.nonzero((e // self.per == dst) & kept, as_tuple=True)
@@ -327,19 +377,38 @@ class EPPayloadBeforeCounts(_Owner):
             pads.append(pad.index_copy(0, torch.arange(t.numel()), x[t]))
             slots.append((t, slot))
             metas.append(torch.cat([e[t, slot] % self.per, t.new_full((rows - t.numel(),), -1)]))
-        arrived = _A2A.apply(torch.cat(pads), None, None)
+        arrived = _A2A.apply(torch.cat(pads), None, None, self.group)
         meta = torch.empty(self.n * rows, dtype=torch.long)
-        dist.all_to_all_single(meta, torch.cat(metas))  # the counts (as expert ids) after the payload
+        dist.all_to_all_single(meta, torch.cat(metas), group=self.group)  # the counts (as expert ids) after the payload
         done = 0 * arrived
         for i, m in enumerate(self.experts):
             r = torch.nonzero(meta == i).squeeze(1)
             if r.numel():
                 done = done.index_add(0, r, m(arrived[r]))
-        back = _A2A.apply(done, None, None).view(self.n, rows, -1)
+        back = _A2A.apply(done, None, None, self.group).view(self.n, rows, -1)
         out = 0 * x
         for dst, (t, slot) in enumerate(slots):
             out = out.index_add(0, t, w[t, slot, None] * back[dst, :t.numel()])
         return out
+
+
+class EPIgnoresGroup(_ep()):
+    """Right on the whole world, but spreads the experts over the world whatever `group` says."""
+
+    def __init__(self, moe, group=None):
+        super().__init__(moe)
+
+
+class EPNoDivisibilityCheck(_ep()):
+    """Builds a layer when E does not divide over the ranks (each rank keeps E // n experts)."""
+
+    def __init__(self, moe, group=None):
+        nn.Module.__init__(self)
+        n, self.rank, self.group = dist.get_world_size(group), dist.get_rank(group), group
+        self.n, self.per, self.k, self.cf = n, moe.n_experts // n, moe.top_k, moe.capacity_factor
+        self.router = copy.deepcopy(moe.router)
+        self.experts = nn.ModuleList(copy.deepcopy(moe.experts[e])
+                                     for e in range(self.rank * self.per, (self.rank + 1) * self.per))
 
 
 #: Graded alone, with a short timeout: a hang would stop every answer sharing its launch.
@@ -354,10 +423,13 @@ WRONG = {
         (ring_all_gather, "point-to-point messages only"),
         (ring_compute_then_send, "computed attention before posting any send"),
         (ring_scales_q_in_place, "in place"),
+        (ring_unscaled, "softmax scale 1/√D"),
+        (ring_runs_backwards, "sending only to its next neighbour, rank (r + 1) mod c"),
     ],
     "zigzag": [
         (zigzag_contiguous, "plain contiguous split"),
         (zigzag_no_check, "raise a ValueError"),
+        (zigzag_vague_error, "say what is wrong, with both numbers"),
     ],
     "experts": [
         (EPCombineWrongOrder, "combine is in the wrong order"),
@@ -366,5 +438,7 @@ WRONG = {
         (EPEqualSplits, "uneven splits were assumed equal"),
         (EPAllGather, "tokens travel by all-to-all"),
         (EPPayloadBeforeCounts, "exchange the per-rank counts first"),
+        (EPIgnoresGroup, "split the experts over the ranks of `group`"),
+        (EPNoDivisibilityCheck, "do not split evenly over 2 ranks, so raise a ValueError"),
     ],
 }

@@ -9,9 +9,12 @@ model on the busiest stage (``planner.memory_per_gpu``, the largest
 ``planner.stage_memory``), and ``choose`` must return a plan that
 ``planner.problems`` accepts (which includes fitting in headroom × HBM and
 dp·micro_batch·accum = global batch) whose predicted throughput equals the
-best that ``planner.search`` finds (any of several equally fast plans passes).  While ``choose`` runs, a profiler hook
-notes calls to the reference's search and memory functions, so an answer
-that hands the work to the reference is told so.
+best that ``planner.search`` finds (any of several equally fast plans passes:
+equal up to a relative 1e-9).  While either runs, a profiler hook notes calls
+to the reference's functions (``MEMORY_REFERENCE`` for ``memory_per_gpu``,
+``REFERENCE`` for ``choose``), so an answer that hands the work to the
+reference is told so.  When two known mistakes give the same wrong value,
+the memory message names both.
 """
 from __future__ import annotations
 
@@ -30,7 +33,27 @@ __all__ = ["check_memory_per_gpu", "check_choose", "MEMORY", "CHOOSE", "SCENARIO
 #: What ``choose`` may not call: the reference answers the exercise asks for.
 REFERENCE = ("search", "candidates", "problems", "predict", "memory_breakdown", "memory_per_gpu",
              "explained")
+#: What ``memory_per_gpu`` may not call: the functions that hold its answer.
+MEMORY_REFERENCE = ("memory_per_gpu", "stage_memory", "memory_breakdown")
 AXES_EXPLAINED = ("dp", "tp", "pp", "zero")
+
+
+def _calling_reference(names: tuple, fn, *args) -> tuple[object, list[str]]:
+    """``fn(*args)`` and the sorted names in ``names`` of the planner functions it called directly
+    (a profiler hook; calls made from inside ``parlab.planner`` itself are not counted)."""
+    codes, called = {getattr(planner, name).__code__: name for name in names}, []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code in codes and frame.f_back.f_globals is not vars(planner):
+            called.append(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(previous)
+    return result, sorted(set(called))
 
 
 # ---------------------------------------------------------------- exercise A: memory
@@ -45,7 +68,7 @@ class MemoryCase:
 
 def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=True, t=None,
              recompute=None, stage=None, optim=None, precision=None, embed=True, logits=True,
-             working=True, stage0=False, zero_over_cp=True) -> float:
+             working=True, stage0=False, zero_over_cp=True, untie=False) -> float:
     """Planner v2's memory model (``planner.stage_memory``, busiest stage) with one piece changed,
     to recognise a mistake by its value."""
     zero = plan.zero if stage is None else stage
@@ -67,7 +90,7 @@ def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=T
         params = n * model.layer_params
         if embed and r == 0:
             params += model.vocab * model.hidden
-        if embed and r == plan.pp - 1 and (not model.tied or plan.pp > 1):
+        if embed and r == plan.pp - 1 and (not model.tied or untie or plan.pp > 1):
             params += model.vocab * model.hidden
         psi = params / plan.tp if shard else model.params
         states = (w * psi / (d if zero >= 3 else 1) + g * psi / (d if zero >= 2 else 1)
@@ -115,8 +138,13 @@ def _memory_mistakes(case: MemoryCase) -> list[tuple[float, str]]:
             "holds the output layer and the logits; take the largest stage."),
            (_variant(p, m, logits=False), "The last stage also holds the fp32 logits of one "
             "micro-batch: 4·micro_batch·(seq/cp)·vocab/tp bytes."),
-           (_variant(p, m, working=False), "Under full recomputation the layer being recomputed "
+           (_variant(p, m, working=False),
+            "Under selective recomputation the layer whose attention is being recomputed holds that "
+            "part on top: one layer's recompute=\"none\" minus \"selective\" activations."
+            if p.recompute == "selective" else "Under full recomputation the layer being recomputed "
             "holds its whole working set (its recompute=\"none\" activations) on top."),
+           (_variant(p, m, untie=True), "model.tied: the output layer is the embedding matrix, so a "
+            "single stage (pp = 1) holds V·h once; with pp > 1 the last stage keeps its own copy."),
            (_variant(p, m, precision=other), f"plan.precision is \"{p.precision}\": use its bytes "
             f"(cost.PRECISIONS[\"{p.precision}\"]), not {other}'s."),
            (_variant(p, m, zero_over_cp=False), "ZeRO shards the model states over dp·cp ranks, "
@@ -132,12 +160,27 @@ def _memory_mistakes(case: MemoryCase) -> list[tuple[float, str]]:
             out.append((_variant(p, m, stage=s), f"That is ZeRO-{s}'s model-state memory; the plan "
                         f"asks for ZeRO-{p.zero}."))
     want = planner.memory_per_gpu(p, m)
-    return [(v, why) for v, why in out if not math.isclose(v, want, rel_tol=1e-6)]
+    return _merged([(v, why) for v, why in out if not math.isclose(v, want, rel_tol=1e-6)])
+
+
+def _merged(mistakes: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    """One entry per wrong value: mistakes that give the same value are named together."""
+    out: list[tuple[float, list[str]]] = []
+    for value, why in mistakes:
+        same = next((whys for v, whys in out if math.isclose(v, value, rel_tol=1e-6)), None)
+        if same is None:
+            out.append((value, [why]))
+        else:
+            same.append(why)
+    return [(v, whys[0] if len(whys) == 1 else "Two mistakes give this value here: "
+             + " Or: ".join(whys)) for v, whys in out]
 
 
 def _run_memory(fn, case: MemoryCase, i: int, spy) -> object:
     with spy.watch():
-        return plain_number(fn(case.plan, case.model))
+        got, called = _calling_reference(MEMORY_REFERENCE, fn, case.plan, case.model)
+    spy.note("reference", called=called)
+    return plain_number(got)
 
 
 def _grade_memory(g: Graded) -> str | None:
@@ -150,11 +193,21 @@ def _grade_memory(g: Graded) -> str | None:
     return None
 
 
+def _called_reference(records, case, n) -> str | None:
+    for event in records[0]["events"]:
+        if event["event"] == "reference" and event["called"]:
+            names = ", ".join(f"planner.{c}" for c in event["called"])
+            return f"it calls {names}, the reference this exercise asks you to write."
+    return None
+
+
 _1B3 = ModelSpec("1.3B", 1.3e9, 24, 2048, 16, 2048)
 _7B = ModelSpec("7B", 7e9, 32, 4096, 32, 4096)
 _70B = ModelSpec("70B", 70e9, 80, 8192, 64, 4096)
 _13B = ModelSpec("13B", 13e9, 40, 5120, 40, 4096)
 _7B_32K = ModelSpec("7B", 7e9, 32, 4096, 32, 32768, ffn=11008)
+_1B3_TIED = ModelSpec("1.3B tied", 1.3e9, 24, 2048, 16, 2048, tied=True)
+_1B3_SCORES = ModelSpec("1.3B, scores stored", 1.3e9, 24, 2048, 16, 2048, scores=True)
 
 MEMORY = Exercise(
     key="lab06.memory", answer="memory_per_gpu", run=_run_memory, grade=_grade_memory, solo=True,
@@ -166,7 +219,11 @@ MEMORY = Exercise(
                   MemoryCase(Plan(dp=2, tp=4, pp=3, zero=2, micro_batch=2, accum=6, sp=False), _70B),
                   MemoryCase(Plan(dp=4, tp=2, pp=8, zero=2, micro_batch=1, accum=256), _70B),
                   MemoryCase(Plan(dp=16, tp=1, pp=1, cp=2, zero=1, micro_batch=1, accum=4), _7B_32K),
-                  MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=4, accum=1), _1B3))),),
+                  MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=4, accum=1), _1B3),
+                  MemoryCase(Plan(dp=8, tp=1, pp=1, zero=1, micro_batch=2, accum=4), _1B3_TIED),
+                  MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=1, accum=4), _1B3_TIED),
+                  MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=1, accum=8, recompute="selective"),
+                             _1B3_SCORES))),),
     hidden=((1, (MemoryCase(Plan(dp=5, tp=8, pp=2, zero=3, micro_batch=1, accum=1), _13B),
                  MemoryCase(Plan(dp=3, tp=1, pp=5, zero=1, micro_batch=3, accum=7, recompute="full"), _13B),
                  MemoryCase(Plan(dp=1, tp=1, pp=1, zero=0, micro_batch=2, accum=2), _1B3),
@@ -175,7 +232,14 @@ MEMORY = Exercise(
                  MemoryCase(Plan(dp=2, tp=8, pp=3, zero=1, micro_batch=1, accum=12, recompute="full",
                                  sp=False), _70B),
                  MemoryCase(Plan(dp=4, tp=2, pp=4, zero=1, micro_batch=1, accum=8, v=2), _13B),
-                 MemoryCase(Plan(dp=4, tp=1, pp=2, cp=4, zero=3, micro_batch=1, accum=2), _7B_32K))),))
+                 MemoryCase(Plan(dp=4, tp=1, pp=2, cp=4, zero=3, micro_batch=1, accum=2), _7B_32K),
+                 MemoryCase(Plan(dp=4, tp=2, pp=1, zero=1, micro_batch=2, accum=2), _1B3_TIED),
+                 MemoryCase(Plan(dp=2, tp=1, pp=3, zero=1, micro_batch=1, accum=6), _1B3_TIED),
+                 MemoryCase(Plan(dp=4, tp=2, pp=1, zero=2, micro_batch=2, accum=2, recompute="selective"),
+                            _1B3_SCORES))),),
+    rules=(Rule("`memory_per_gpu` does not call `planner.memory_per_gpu`, `planner.stage_memory` or "
+                "`planner.memory_breakdown`: it adds up the terms itself, with `planner.stage_layers` and "
+                "the `parlab.cost` functions.", _called_reference),))
 
 
 # ---------------------------------------------------------------- exercise B: choose
@@ -197,24 +261,9 @@ def _plain_plan(plan) -> object:
     return {f.name: getattr(plan, f.name) for f in fields(Plan) if f.name != "why"}
 
 
-def _reference_codes() -> dict:
-    return {getattr(planner, name).__code__: name for name in REFERENCE}
-
-
 def _run_choose(fn, case: ChooseCase, i: int, spy) -> object:
-    codes, called = _reference_codes(), []
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code in codes and frame.f_back.f_code not in codes:
-            called.append(codes[frame.f_code])
-
-    previous = sys.getprofile()
-    sys.setprofile(hook)
-    try:
-        plan = fn(case.work)
-    finally:
-        sys.setprofile(previous)
-    spy.note("reference", called=sorted(set(called)))
+    plan, called = _calling_reference(REFERENCE, fn, case.work)
+    spy.note("reference", called=called)
     spy.note("why", problem=_why_problem(plan))
     return _plain_plan(plan)
 
@@ -304,14 +353,6 @@ def _grade_choose(g: Graded) -> str | None:
                     "Search every dp·cp·tp·pp factorisation, ZeRO stage, micro-batch size, "
                     "recomputation and interleaving, and keep the fastest plan that fits."
                     + _slower_hint(plan, top.plan, work.model))
-    return None
-
-
-def _called_reference(records, case, n) -> str | None:
-    for event in records[0]["events"]:
-        if event["event"] == "reference" and event["called"]:
-            names = ", ".join(f"planner.{c}" for c in event["called"])
-            return f"it calls {names}, the reference this exercise asks you to write."
     return None
 
 

@@ -4,7 +4,8 @@
 positions rank r holds: the sequence cut into 2c equal chunks, rank r taking
 chunks r and 2c − 1 − r (the load-balanced layout Llama 3 trained with,
 Dubey et al. 2024, arXiv 2407.21783, §3.3.2).  A length that is not
-a multiple of 2c must raise a ValueError that says so.  Graded in process
+a multiple of 2c must raise a ValueError whose message says so (the word
+"divisible" or "multiple") and names both numbers.  Graded in process
 against ``ring.layout_positions``.
 """
 from __future__ import annotations
@@ -35,9 +36,10 @@ def grade(g: Graded) -> str | None:
             if "raised" not in out:
                 return (f"{g.name}({s}, {c}) returned {out['value']!r}; {s} is not a multiple of 2c = {2 * c}, "
                         "so raise a ValueError that says the length must be divisible by 2c (pad it).")
-            if "divisible" not in out["raised"] and "multiple" not in out["raised"]:
-                return (f"{g.name}({s}, {c}) raised {out['raised']!r}: right, but say what is wrong "
-                        f"('sequence length {s} is not divisible by 2c = {2 * c}').")
+            said = out["raised"].split(":", 1)[1]  # what follows "ValueError:"
+            if not ("divisible" in said or "multiple" in said) or str(s) not in said or str(2 * c) not in said:
+                return (f"{g.name}({s}, {c}) raised {out['raised']!r}: right, but say what is wrong, with "
+                        f"both numbers ('sequence length {s} is not divisible by 2c = {2 * c}').")
             continue
         if "raised" in out:
             return f"{g.name}({s}, {c}) raised {out['raised']} although {s} divides into {2 * c} chunks."

@@ -10,11 +10,17 @@ expert with all-to-all, runs its experts and sends the results back.
 The reference is ``parlab.models.moe.MoE`` in one process, called on each
 rank's tokens in turn (the capacity rule counts one rank's batch, as GShard's
 groups do).  Compared: every rank's output and input gradient; each expert's
-gradient on the rank that holds it against the sum over every rank's batch
-(an expert sees every token routed to it, from every rank); the router's
-gradients summed over the ranks against the reference's sum (data
-parallelism's all-reduce would sum them; the layer itself leaves them per
-rank).
+gradient on the rank that holds it against the sum over the batches of its
+group's ranks (an expert sees every token routed to it, from every rank of
+its group); the router's gradients summed over the ranks against the
+reference's sum (data parallelism's all-reduce would sum them; the layer
+itself leaves them per rank).
+
+Some cases cut the world into groups of ``group_size`` consecutive ranks and
+pass each rank its group (as section 6's mesh does); one gives the ranks
+different numbers of tokens (``uneven``); one has E not divisible by the
+group's size, where constructing the layer must raise a ValueError that names
+both numbers.
 """
 from __future__ import annotations
 
@@ -38,12 +44,25 @@ class MoECase:
     capacity: float | None = None
     silent: tuple = ()       # experts no token picks
     seed: int = 0
+    group_size: int | None = None  # ranks cut into groups of this many, each rank given its group
+    uneven: bool = False     # rank r has tokens + r tokens
 
     def describe(self, n: int) -> str:
         cap = f", capacity_factor {self.capacity}" if self.capacity else ""
         quiet = f", experts {list(self.silent)} receive no tokens" if self.silent else ""
-        return (f"{self.tokens} tokens per rank, d_model {self.d}, {self.experts} experts, "
-                f"top_k {self.top_k}{cap}{quiet}, world_size {n}")
+        count = f"{self.tokens} + rank tokens on each rank" if self.uneven else f"{self.tokens} tokens per rank"
+        where = (f"world_size {n}, each rank given group= its group of {self.group_size} ranks"
+                 if self.group_size else f"world_size {n}")
+        return f"{count}, d_model {self.d}, {self.experts} experts, top_k {self.top_k}{cap}{quiet}, {where}"
+
+    def members(self, n: int, rank: int) -> list[int]:
+        """The ranks of ``rank``'s group (the whole world without ``group_size``)."""
+        size = self.group_size or n
+        first = rank // size * size
+        return list(range(first, first + size))
+
+    def divides(self, n: int) -> bool:
+        return self.experts % (self.group_size or n) == 0
 
     def moe(self):
         return tiny_moe(self.d, self.ff, self.experts, self.top_k, self.capacity, seed=self.seed,
@@ -52,12 +71,14 @@ class MoECase:
     def tokens_of(self, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, upstream gradient) of one rank."""
         g = torch.Generator().manual_seed(9000 + 100 * self.seed + rank)
-        x = torch.randn(self.tokens, self.d, generator=g, dtype=torch.float64)
-        return x, torch.randn(self.tokens, self.d, generator=g, dtype=torch.float64)
+        t = self.tokens + (rank if self.uneven else 0)
+        x = torch.randn(t, self.d, generator=g, dtype=torch.float64)
+        return x, torch.randn(t, self.d, generator=g, dtype=torch.float64)
 
 
 def reference(case: MoECase, n: int, weighted: bool = True) -> dict:
-    """Outputs and input gradients per rank; parameter gradients summed over the ranks' batches.
+    """Outputs, input gradients and parameter gradients per rank (``per_rank``), and the parameter
+    gradients summed over all ranks' batches (``grads``).
 
     ``weighted=False`` is the same layer with the router's weights left out (all 1), for the hint.
     """
@@ -71,32 +92,70 @@ def reference(case: MoECase, n: int, weighted: bool = True) -> dict:
             return e, torch.ones_like(w), kept
         moe_module.route = unweighted
     try:
-        outs, dxs = [], []
+        outs, dxs, per_rank = [], [], []
         for r in range(n):
             x, dy = case.tokens_of(r)
             x.requires_grad_()
+            moe.zero_grad(set_to_none=True)
             y = moe(x)
             y.backward(dy)
             outs.append(y.detach())
             dxs.append(x.grad)
+            per_rank.append({k: (p.grad if p.grad is not None else torch.zeros_like(p))
+                             for k, p in moe.named_parameters()})
     finally:
         if not weighted:
             moe_module.route = route
-    grads = {k: (p.grad if p.grad is not None else torch.zeros_like(p)) for k, p in moe.named_parameters()}
-    return {"out": outs, "dx": dxs, "grads": grads}
+    return {"out": outs, "dx": dxs, "per_rank": per_rank, "grads": _summed(per_rank, range(n))}
+
+
+def _summed(per_rank: list, ranks) -> dict:
+    """Parameter gradients summed over ``ranks``' batches, in rank order."""
+    ranks = list(ranks)
+    total = dict(per_rank[ranks[0]])
+    for r in ranks[1:]:
+        total = {k: total[k] + per_rank[r][k] for k in total}
+    return total
+
+
+def expert_grads(case: MoECase, ref: dict, n: int, rank: int) -> dict:
+    """What the experts' gradients on ``rank`` must be: summed over its group's batches."""
+    return _summed(ref["per_rank"], case.members(n, rank))
+
+
+_GROUPS: dict = {}
+
+
+def _group(case: MoECase, rank: int, n: int):
+    """This rank's group under ``case.group_size``; every rank makes every group once per launch."""
+    if case.group_size not in _GROUPS:
+        import torch.distributed as dist
+
+        made = [dist.new_group(list(range(first, first + case.group_size)))
+                for first in range(0, n, case.group_size)]
+        _GROUPS[case.group_size] = made
+    return _GROUPS[case.group_size][rank // case.group_size]
 
 
 # ---------------------------------------------------------------- on the ranks
 def run(cls, case: MoECase, i: int, spy) -> dict:
     import torch.distributed as dist
 
-    rank = dist.get_rank()
+    rank, n = dist.get_rank(), dist.get_world_size()
     x, dy = case.tokens_of(rank)
     leaf = x.clone().requires_grad_()
     given = leaf * 1
     spy.guard(x=given)
+    extra = {"group": _group(case, rank, n)} if case.group_size else {}
+    if not case.divides(n):
+        with spy.watch():
+            try:
+                cls(case.moe(), **extra)
+            except ValueError as err:
+                return {"out": None, "raised": f"ValueError: {err}"[:300]}
+        return {"out": None, "raised": None}
     with spy.watch(), recorder.watching(spy):
-        layer = cls(case.moe())
+        layer = cls(case.moe(), **extra)
         out = layer(given)
         if not isinstance(out, torch.Tensor):
             return {"out": repr(out)[:100]}
@@ -112,19 +171,22 @@ def run(cls, case: MoECase, i: int, spy) -> dict:
 def settle(result: dict, case: MoECase, i: int, n: int) -> bool:
     import torch.distributed as dist
 
+    if not case.divides(n):
+        return bool(result.get("raised"))
     if not isinstance(result.get("out"), torch.Tensor):
         return False
     rank, ref = dist.get_rank(), reference(case, n)
-    per = case.experts // n
-    experts_right = all(check.same_values(g, ref["grads"][name]) for k, g in result["grads"].items()
-                        if (name := _global_name(k, rank, per)) in ref["grads"])
+    members = case.members(n, rank)
+    per, want = case.experts // len(members), expert_grads(case, ref, n, rank)
+    experts_right = all(check.same_values(g, want[name]) for k, g in result["grads"].items()
+                        if (name := _global_name(k, members.index(rank), per)) in want)
     return (check.same_values(result["out"], ref["out"][rank]) and check.same_values(result["dx"], ref["dx"][rank])
             and experts_right)
 
 
 # ---------------------------------------------------------------- grader
 def _global_name(local: str, rank: int, per: int) -> str | None:
-    """'experts.1.up.weight' on rank r -> 'experts.{r·per + 1}.up.weight'."""
+    """'experts.1.up.weight' on (group) rank r -> 'experts.{r·per + 1}.up.weight'."""
     parts = local.split(".")
     if parts[0] != "experts" or len(parts) < 3 or not parts[1].isdigit():
         return None
@@ -156,6 +218,11 @@ def grade(g: Graded) -> str | None:
     done = min(len(r) for r in g.results)
     for i, case in enumerate(g.cases[:done]):
         res, where = g.at(i), case.describe(g.n)
+        if not case.divides(g.n):
+            message = _indivisible(g, case, res)
+            if message:
+                return message
+            continue
         bad = [(r, o) for r, o in enumerate(res) if not isinstance(o.get("out"), torch.Tensor)]
         if bad:
             return f"{g.name} returned {bad[0][1]['out']} on rank {bad[0][0]}, not a tensor ({where})."
@@ -181,22 +248,42 @@ def grade(g: Graded) -> str | None:
     return None
 
 
-def _grads(g: Graded, case: MoECase, res: list, ref: dict) -> str | None:
-    per = case.experts // g.n
+def _indivisible(g: Graded, case: MoECase, res: list) -> str | None:
+    size = case.group_size or g.n
     for r, o in enumerate(res):
-        names = [k for k in o["grads"] if _global_name(k, r, per)]
+        raised = o.get("raised")
+        if not raised:
+            return (f"{g.name}(moe) with {case.experts} experts on {size} ranks built a layer on rank {r}; "
+                    f"{case.experts} experts do not split evenly over {size} ranks, so raise a ValueError "
+                    f"that says so (naming {case.experts} and {size}).")
+        if str(case.experts) not in raised or str(size) not in raised:
+            return (f"{g.name}(moe) with {case.experts} experts on {size} ranks raised {raised!r} on rank {r}: "
+                    f"right, but name both numbers ('{case.experts} experts are not divisible by "
+                    f"{size} ranks').")
+    return None
+
+
+def _grads(g: Graded, case: MoECase, res: list, ref: dict) -> str | None:
+    for r, o in enumerate(res):
+        members = case.members(g.n, r)
+        mine, per = members.index(r), case.experts // len(members)
+        names = [k for k in o["grads"] if _global_name(k, mine, per)]
         if len(names) != 4 * per:
-            return (f"rank {r} holds {len(names) // 4} experts under self.experts; it holds exactly its "
-                    f"{per} (experts {r * per} to {r * per + per - 1}).")
+            held = len(names) // 4
+            hint = (f" That is E / world size: split the experts over the ranks of `group` "
+                    "(dist.get_world_size(group), dist.get_rank(group)) and pass group= to every "
+                    "all-to-all." if case.group_size and held == case.experts // g.n else "")
+            return (f"rank {r} holds {held} experts under self.experts; it holds exactly its "
+                    f"{per} (experts {mine * per} to {mine * per + per - 1}).{hint}")
+        want = expert_grads(case, ref, g.n, r)
         for k in names:
-            want = ref["grads"][_global_name(k, r, per)]
             try:
-                check.assert_close(o["grads"][k], want, name=f"{k} gradient", rank=r)
+                check.assert_close(o["grads"][k], want[_global_name(k, mine, per)], name=f"{k} gradient", rank=r)
             except AssertionError as err:
                 hint = (" Hint: an expert lives on one rank and sees every token routed to it, so its "
                         "gradient is complete there: it must not be summed (all-reduced) over the "
                         "ranks; across the world that adds other experts' gradients into it."
-                        if _all_equal([res[j]["grads"][k] for j in range(g.n)]) else "")
+                        if _all_equal([res[j]["grads"][k] for j in members]) else "")
                 return f"{err}{hint}"
     for k in ("router.weight", "router.bias"):
         if any(k not in o["grads"] for o in res):
@@ -244,7 +331,8 @@ RULES = (
     Rule("The tokens travel by all-to-all (`dist.all_to_all_single` or `dist.all_to_all`): no broadcast, "
          "all-gather or all-reduce of the tokens.", _all_to_all_only),
     Rule("The counts are exchanged before the payload: the first all-to-all in forward carries the "
-         "integer counts.", _counts_first),
+         "integer counts (a signed integer tensor such as `torch.int64`; one count per expert or per "
+         "destination rank, as you like).", _counts_first),
 )
 
 ON_HANG = ("the ranks waited for each other in an all-to-all. Every rank must make the same all-to-alls, "
@@ -252,6 +340,8 @@ ON_HANG = ("the ranks waited for each other in an all-to-all. Every rank must ma
            "results connected to the autograd graph (for example start from 0 * arrived, not torch.zeros).")
 
 VISIBLE = ((2, (MoECase(), MoECase(tokens=7, experts=4, top_k=1, silent=(1,), seed=1),
-                MoECase(tokens=8, capacity=1.0, seed=2))),)
+                MoECase(tokens=8, capacity=1.0, seed=2), MoECase(tokens=5, uneven=True, capacity=1.0, seed=6),
+                MoECase(tokens=5, group_size=1, seed=7), MoECase(experts=3, seed=8))),)
 HIDDEN = ((4, (MoECase(tokens=5, experts=8, seed=3), MoECase(tokens=6, experts=4, capacity=0.75, seed=4),
-               MoECase(tokens=4, experts=4, silent=(0, 3), seed=5))),)
+               MoECase(tokens=4, experts=4, silent=(0, 3), seed=5),
+               MoECase(tokens=4, experts=4, group_size=2, uneven=True, seed=9), MoECase(experts=6, seed=10))),)

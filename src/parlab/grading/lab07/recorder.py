@@ -12,9 +12,11 @@ record (``spy.note``), so they travel back with it:
 - ``a2a``: an ``all_to_all_single``, with whether split sizes were given.
 
 Each event carries ``calls`` (how many dist calls the spy had seen before
-it) and ``in_backward``, so a rule can place it among the spy's calls.
+it) and ``in_backward``; the events' order is the order things happened
+(one ``batch_isend_irecv`` notes its ops in the order they are listed).
 Storages are compared by data pointer: a view (``k.transpose(-1, -2)``)
-shares its tensor's storage.
+shares its tensor's storage.  Every tensor noted is kept alive until
+``watching`` ends, so no pointer is reused for another tensor within a case.
 """
 from __future__ import annotations
 
@@ -29,38 +31,40 @@ _COMPUTE = {"matmul", "bmm", "einsum", "baddbmm", "__matmul__", "__rmatmul__", "
             "scaled_dot_product_attention"}
 
 
-def _storages(values) -> list[int]:
+def _storages(values, alive: list) -> list[int]:
+    """The data pointers of the tensors in ``values``; the tensors are appended to ``alive``."""
     out = []
     for v in values:
         if isinstance(v, torch.Tensor):
+            alive.append(v)
             out.append(int(v.untyped_storage().data_ptr()))
         elif isinstance(v, (list, tuple)):
-            out.extend(_storages(v))
+            out.extend(_storages(v, alive))
     return out
 
 
 class _Compute(TorchFunctionMode):
-    def __init__(self, spy):
+    def __init__(self, spy, alive: list):
         super().__init__()
-        self.spy = spy
+        self.spy, self.alive = spy, alive
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__name__", "") in _COMPUTE:
             self.spy.note("compute", in_backward=self.spy.backward_depth > 0,
-                          storages=_storages(list(args) + list(kwargs.values())))
+                          storages=_storages(list(args) + list(kwargs.values()), self.alive))
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
 def watching(spy):
     """Inside ``spy.watch()``: note compute, sends and all-to-all splits in ``spy``'s record."""
-    patches = []
+    patches, alive = [], []  # alive: every tensor noted, so that no data pointer is reused
 
     def p2p(kind):
         def make(original):
             def wrapper(tensor, *args, **kwargs):
-                spy.note(kind, in_backward=spy.backward_depth > 0, storages=_storages([tensor]))
+                spy.note(kind, in_backward=spy.backward_depth > 0, storages=_storages([tensor], alive))
                 return original(tensor, *args, **kwargs)
             return wrapper
         return make
@@ -82,11 +86,12 @@ def watching(spy):
     try:
         for obj, name, value in patches:
             setattr(obj, name, value)
-        with _Compute(spy):
+        with _Compute(spy, alive):
             yield
     finally:
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
+        alive.clear()
 
 
 def events(record: dict, kind: str, backward: bool | None = False) -> list[dict]:

@@ -62,10 +62,11 @@ def layout_positions(s: int, c: int, layout: str) -> torch.Tensor:
     return torch.stack([torch.cat([chunks[r], chunks[2 * c - 1 - r]]) for r in range(c)])
 
 
-def reference(case: RingCase) -> dict:
+def reference(case: RingCase, scale: float | None = None) -> dict:
+    """Attention on the whole sequence; the scale is 1/√D unless given (the hint tries 1)."""
     t = case.tensors()
     q, k, v = (t[n].clone().requires_grad_() for n in "qkv")
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=scale)
     out.backward(t["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -142,6 +143,11 @@ def grade(g: Graded) -> str | None:
                     "return this rank's chunk of the output, shaped like q.")
         wrong = _wrong([o["out"] for o in res], ref["out"], pos, "output")
         if wrong:
+            unscaled = reference(case, scale=1.0)["out"]
+            if all(check.same_values(o["out"], unscaled[:, :, pos[r]]) for r, o in enumerate(res)):
+                return (f"{g.name}'s output is wrong for {case.describe(g.n)}: it is attention with the "
+                        "scores left unscaled.\nHint: multiply q·kᵀ by the softmax scale 1/√D (D = "
+                        "q.shape[-1], scaled_dot_product_attention's default), in forward and backward.")
             hint = _MASK if case.causal and _passed_plain(g, i) else _RESCALE if not case.causal else (
                 _MASK + " Or, if the non-causal case is also wrong: " + _RESCALE)
             return f"{g.name}'s output is wrong for {case.describe(g.n)}.\n{wrong}\nHint: {hint}"
@@ -177,37 +183,60 @@ def _ring_only(records, case, n):
             if c["numel"] > 4 * chunk:
                 return (f"rank {r} sent or received {c['numel']} elements in one message; one rank's K, V "
                         f"(and in backward dK, dV) chunks are at most {4 * chunk}.")
-        sends = {c["peer"] for c in rec["calls"] if c["op"] in ("isend", "send")}
-        if not (sends <= {(r + 1) % n} or sends <= {(r - 1) % n}):
-            return (f"rank {r} sent to ranks {sorted(sends)}: in a ring each rank sends only to its next "
-                    f"neighbour ({(r + 1) % n}, or {(r - 1) % n} if the ring runs the other way).")
+        wrong = _direction(r, n, [c for c in rec["calls"] if not c["in_backward"]], forward=True)
+        wrong = wrong or _direction(r, n, [c for c in rec["calls"] if c["in_backward"]], forward=False)
+        if wrong:
+            return wrong
     return None
+
+
+def _direction(r: int, n: int, calls: list, forward: bool) -> str | None:
+    """Whether one pass's messages keep to the ring: forward r -> r + 1, backward one way or the other."""
+    sends = {c["peer"] for c in calls if c["op"] in ("isend", "send")}
+    recvs = {c["peer"] for c in calls if c["op"] in ("irecv", "recv")}
+    nxt, prev = (r + 1) % n, (r - 1) % n
+    if sends <= {nxt} and recvs <= {prev}:
+        return None
+    if forward:
+        return (f"in forward rank {r} sent to ranks {sorted(sends)} and received from ranks {sorted(recvs)}: "
+                f"the ring runs forward, each rank sending only to its next neighbour, rank (r + 1) mod c "
+                f"= {nxt}, and receiving only from rank (r − 1) mod c = {prev} (at step i rank r holds the "
+                "chunk of rank (r − i) mod c).")
+    if sends <= {prev} and recvs <= {nxt}:
+        return None  # backward may run the ring the other way (TransformerEngine's does)
+    return (f"in backward rank {r} sent to ranks {sorted(sends)} and received from ranks {sorted(recvs)}: "
+            f"backward runs the ring too (either way round, but one way: send to {nxt} and receive from "
+            f"{prev}, or send to {prev} and receive from {nxt}). dK and dV travel with K and V, one hop at "
+            "a time, not straight to the rank that owns them.")
 
 
 def _overlap(records, case, n):
     if n == 1:
         return None
     for r, rec in enumerate(records):
-        computes = recorder.events(rec, "compute")
-        if not computes:
+        forward = [e for e in rec["events"] if not e.get("in_backward")]  # in the order they happened
+        first = next((i for i, e in enumerate(forward) if e["event"] == "compute"), None)
+        if first is None:
             continue
-        fwd_sends = [i for i, c in enumerate(rec["calls"]) if c["op"] in ("isend", "send") and not c["in_backward"]]
-        if not fwd_sends or fwd_sends[0] >= computes[0]["calls"]:
+        if not any(e["event"] == "sent" for e in forward[:first]):
             return (f"rank {r} computed attention before posting any send: post the send of the chunk "
                     "you hold (and the receive of the next) first, then compute on it while it travels.")
-        moves = [m for m in rec["events"] if m["event"] in ("sent", "received") and not m["in_backward"]]
-        for e in computes:
-            if _sent_after(e, moves):
+        for i, e in enumerate(forward):
+            if e["event"] == "compute" and _sent_after(e, forward[i + 1:]):
                 return (f"rank {r} computed on a K/V chunk and only then posted its send to the next rank: "
                         "post the send first, so the transfer overlaps the compute.")
     return None
 
 
-def _sent_after(compute: dict, moves: list) -> bool:
-    """Whether a storage computed on is sent later before anything is received into it again."""
+def _sent_after(compute: dict, later: list) -> bool:
+    """Whether a storage computed on is sent later before anything is received into it again.
+
+    ``later``: the events after the compute, in order (within one ``batch_isend_irecv`` the order
+    its ops are listed in, which is not an order of posting: they are posted together).
+    """
     storages = set(compute["storages"])
-    for m in moves:
-        if m["calls"] < compute["calls"] or not storages & set(m["storages"]):
+    for m in later:
+        if m["event"] not in ("sent", "received") or not storages & set(m["storages"]):
             continue
         if m["event"] == "sent":
             return True
@@ -225,8 +254,11 @@ def _unchanged(records, case, n):
 
 RULES = (
     Rule("No all-gather of the whole K/V: K and V travel by point-to-point messages (`dist.isend`/"
-         "`dist.irecv`, or `dist.batch_isend_irecv`), each rank sending only to its next neighbour on "
-         "the ring, one chunk at a time.", _ring_only),
+         "`dist.irecv`, or `dist.batch_isend_irecv`), one chunk at a time (K and V as one message or two; "
+         "no message larger than four chunks). In forward each rank sends only to its next neighbour, "
+         "rank (r + 1) mod c, and receives only from rank (r − 1) mod c. Backward runs the ring too, "
+         "either way round but one way only; dK and dV travel with K and V, one hop at a time, not "
+         "straight to the rank that owns them.", _ring_only),
     Rule("In forward, the next chunk's send is posted before the current chunk's attention is computed "
          "(the transfer overlaps the compute): never compute on a chunk and only then send it on.",
          _overlap),
