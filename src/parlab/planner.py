@@ -91,8 +91,18 @@ node's GPUs and grows with the group as the depth of NCCL's tree, log2(n)
 (``group_latency``); point-to-point hops (PP, CP's ring) pay it once.  DP's
 gradient buckets are Megatron-Core's default, max(40M, 1M·dp) parameters each
 (``DistributedDataParallelConfig.bucket_size``).
+With ``Cluster(calibrated=True)`` (issue 30, item 3; not yet the default, docs/planner.md measures
+the band both ways) three more terms:
+  memory    the memory-bound kernels at ``Cluster.hbm_bandwidth`` (``_memory_bound_bytes``: norms,
+            residual adds, the MLP's activation, dropout, stored scores' softmax; the loss over
+            fp32 logits on the last stage), part of each micro-batch's stage time;
+  optimizer the optimizer step, once per step: ``optimizer_bytes`` (18 read, 14 written) per
+            parameter this GPU updates, at the HBM's bandwidth;
+  cap       what keeps the plan's MFU (``cost.mfu``, PaLM's convention) at or under
+            ``Cluster.best_mfu``, the best published for its GPU generation;
+and fused causal attention timed at half the score FLOPs (``_attention_flops``).
 Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
-a link, kernel launch gaps, stragglers, the optimizer step's own time, the
+a link, kernel launch gaps, stragglers, the optimizer step's own time (unless calibrated), the
 data loader, FP8, async TP, zero-bubble schedules; for MoE: the all-to-all's overlap (DeepSeek's
 DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``), its split over NVLink and the
 network, small experts' less efficient GEMMs, and where the dense layers sit.
@@ -109,7 +119,7 @@ from dataclasses import dataclass, field, replace  # noqa: F401  (replace is par
 
 from . import cost, planner_frameworks
 
-__all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown",
+__all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown", "optimizer_bytes",
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "ep_problems", "predict",
            "search", "candidates", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
@@ -278,7 +288,16 @@ class Cluster:
     small all-reduce on NVLink; 15 µs across nodes, an assumption).
     ``efficiency`` is the share of peak FLOP/s that large GEMMs reach in
     training (the shape factor is applied on top).  ``headroom``: the share of
-    HBM a plan may use.  ``hbm_bandwidth`` is kept for reference.
+    HBM a plan may use.  ``hbm_bandwidth``: the HBM's bytes/s (datasheet), at which the
+    memory-bound kernels and the optimizer step are timed (a datasheet peak: real kernels
+    reach less, so that time is a lower bound).  ``best_mfu``: the best model-FLOPs
+    utilisation published for the GPU generation; no plan is predicted above it (Hopper:
+    47 %, Megatron-Core's "up to 47 % MFU on H100", NVIDIA Megatron-LM README; Ampere:
+    58.2 %, torchtitan's Llama 3 8B with FSDP on 64 A100s, docs/performance.md at 1d5815c).
+    ``calibrated``: True times the memory-bound kernels and the optimizer step from
+    ``hbm_bandwidth``, fused causal attention at its real work (half the scores) and caps
+    the MFU at ``best_mfu`` (issue 30, item 3); False (the default, for now) is planner v3's
+    time model, which the labs and the deck quote.  docs/planner.md measures the band both ways.
     """
 
     gpus: int
@@ -295,6 +314,8 @@ class Cluster:
     headroom: float = 0.9
     hbm_bandwidth: float = cost.H100_HBM_BANDWIDTH
     name: str = "H100 SXM"
+    best_mfu: float = 0.47
+    calibrated: bool = False
 
     def __post_init__(self) -> None:
         _whole("gpus", self.gpus)
@@ -305,7 +326,7 @@ class Cluster:
         for key in ("latency", "network_latency"):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
-        for key in ("efficiency", "network_efficiency", "headroom"):
+        for key in ("efficiency", "network_efficiency", "headroom", "best_mfu"):
             if not 0 < getattr(self, key) <= 1:
                 raise ValueError(f"{key} must be in (0, 1], got {getattr(self, key)!r}")
 
@@ -349,16 +370,19 @@ class Cluster:
 # of the link, 246 GB/s, is assumed.  efficiency: the share of peak large training GEMMs
 # reach, one value per GPU generation, set once against the runs in docs/planner.md
 # (A100s reach a larger share of their lower peak than H100s do, as the published MFUs show).
+AMPERE_BEST_MFU = 0.582  # torchtitan, Llama 3 8B, FSDP, 64 A100 80GB, selective op AC (docs/performance.md)
+
+
 def A100_40GB(gpus: int = 8, **kw) -> Cluster:
     return Cluster(gpus, **{**dict(memory=40e9, peak_flops=312e12, nvlink=300e9, nvlink_busbw=246e9,
                                    network=25e9, efficiency=0.70, hbm_bandwidth=1.555e12,
-                                   name="A100 40GB"), **kw})
+                                   name="A100 40GB", best_mfu=AMPERE_BEST_MFU), **kw})
 
 
 def A100_80GB(gpus: int = 8, **kw) -> Cluster:
     return Cluster(gpus, **{**dict(memory=80e9, peak_flops=312e12, nvlink=300e9, nvlink_busbw=246e9,
                                    network=25e9, efficiency=0.70, hbm_bandwidth=2.039e12,
-                                   name="A100 80GB"), **kw})
+                                   name="A100 80GB", best_mfu=AMPERE_BEST_MFU), **kw})
 
 
 def H100_SXM(gpus: int = 8, **kw) -> Cluster:
@@ -370,7 +394,8 @@ def H200(gpus: int = 8, **kw) -> Cluster:
 
 
 def cpu_host(cores: int, ranks: int, flops_per_core: float, gloo_busbw: float = 1.5e9,
-             gloo_latency: float = 2e-4, memory: float = 8e9, efficiency: float = 1.0) -> Cluster:
+             gloo_latency: float = 2e-4, memory: float = 8e9, efficiency: float = 1.0,
+             hbm_bandwidth: float = 20e9) -> Cluster:
     """A CPU machine running ``ranks`` gloo ranks: one "node" whose links are gloo over loopback.
 
     ``flops_per_core`` should be measured (a matmul timed on one thread);
@@ -385,7 +410,7 @@ def cpu_host(cores: int, ranks: int, flops_per_core: float, gloo_busbw: float = 
     return Cluster(ranks, gpus_per_node=ranks, memory=memory, peak_flops=per_rank, nvlink=gloo_busbw,
                    nvlink_busbw=gloo_busbw, network=gloo_busbw, efficiency=efficiency,
                    latency=gloo_latency, network_latency=gloo_latency, headroom=1.0,
-                   hbm_bandwidth=20e9, name=f"CPU host ({cores} cores, gloo)")
+                   hbm_bandwidth=hbm_bandwidth, best_mfu=1.0, name=f"CPU host ({cores} cores, gloo)")
 
 
 DGX_H100 = Cluster(gpus=8)
@@ -619,9 +644,18 @@ def efficiency(plan: Plan, work: Workload) -> float:
     return work.cluster.efficiency * rows / (rows + TILE) * width / (width + TILE)
 
 
-def _layer_flops(plan: Plan, m: ModelSpec, mode: str) -> tuple[float, float, float]:
-    """(forward, backward, recomputed) FLOPs of one layer per token on one GPU."""
-    attn = 4 * m.hidden * m.seq  # QK^T and AV, forward, per token (PaLM's 12·h·s for fwd + bwd)
+def _attention_flops(m: ModelSpec, causal: bool = True) -> float:
+    """Forward FLOPs of QK^T and AV per token per layer, as run: 4·h·s for attention that stores its
+    scores (the masked half is computed and masked), 2·h·s for a fused causal kernel, which skips the
+    blocks above the diagonal (FlashAttention, Dao 2023 §3.1; SDPA's is_causal).  Reporting keeps
+    PaLM's 12·h·s for forward and backward (``cost.model_flops_per_token``, the MFU convention)."""
+    return 4 * m.hidden * m.seq * (1 if m.scores or not causal else 1 / 2)
+
+
+def _layer_flops(plan: Plan, m: ModelSpec, mode: str, causal: bool = True) -> tuple[float, float, float]:
+    """(forward, backward, recomputed) FLOPs of one layer per token on one GPU (``causal``: a fused
+    kernel skips the masked half; False: timed as full attention, planner v3's default)."""
+    attn = _attention_flops(m, causal)
     # the weights a token goes through; the busiest EP rank's experts take load × their share
     routed = m.expert_params * _load(plan, m) * m.top_k / m.experts if m.experts else 0.0
     fwd = (2 * (m.dense_params + routed) / m.layers + attn) / plan.tp
@@ -629,21 +663,66 @@ def _layer_flops(plan: Plan, m: ModelSpec, mode: str) -> tuple[float, float, flo
     return fwd, 2 * fwd, extra
 
 
+def _memory_bound_bytes(plan: Plan, m: ModelSpec) -> float:
+    """HBM bytes the memory-bound kernels of one layer move per token in forward, on one GPU.
+
+    Each kernel reads its inputs and writes its output once (bf16): the two norms (read h, write h),
+    the two residual adds (read 2h, write h), the MLP's activation (SwiGLU: read 2·ffn, write ffn;
+    GeLU: read ffn, write ffn; a MoE layer's over its (top_k·load + shared)·expert_ffn rows), the
+    dropouts where the model has them (read h, write h, a 1-byte mask) and, for attention that stores
+    its scores, the softmax and its dropout over a·s scores (read, write, mask).  TP splits the MLP and
+    the scores, and the rest only with sequence parallelism.  Fused causal attention keeps its scores
+    on chip (FlashAttention): none.  Left out: rotary embeddings, biases, the router's softmax."""
+    h, t = m.hidden, plan.tp
+    act = (3 if m.gated else 2)
+    if m.experts:
+        moe = m.moe_layer_count / m.layers
+        width = moe * (m.top_k * _load(plan, m) + m.shared_experts) * m.expert_ffn + (1 - moe) * m.ffn_width
+    else:
+        width = m.ffn_width
+    unsplit = 2 * 2 * h + 2 * 3 * h + (2 * 2.5 * h if m.dropout else 0.0)
+    split = act * width + ((2 + (2.5 if m.dropout else 0.0)) * m.heads * m.seq if m.scores else 0.0)
+    return BF16 * ((unsplit / t if plan.sp else unsplit) + split / t)
+
+
+#: Bytes of the loss per token on the last stage: fp32 logits written, read by the softmax, its gradient
+#: written (3 × 4 bytes per vocabulary entry, ÷ tp: vocab-parallel).
+LOSS_BYTES = 3 * LOGIT_BYTES
+
+
+def optimizer_bytes(plan: Plan) -> float:
+    """HBM bytes the optimizer step moves per parameter it updates: it reads the model states (18 bytes
+    under "fp32_grads", 16 under "zero16": weights, gradient, fp32 master, Adam's m and v) and writes
+    back the weights, master, m and v (2 + 12)."""
+    w, g, o = cost.PRECISIONS[plan.precision]
+    return w + g + o + w + o
+
+
 def step_time(plan: Plan, work: Workload) -> dict[str, float]:
-    """Seconds per optimizer step, by part (exposed time): compute, bubble, tp, cp, pp, ep, dp; and total."""
+    """Seconds per optimizer step, by part (exposed time): compute, memory (memory-bound kernels), bubble,
+    tp, cp, pp, ep, dp, optimizer, cap (what the MFU cap adds); and total."""
     m, c = work.model, work.cluster
     b, s, h, t = plan.micro_batch, m.seq, m.hidden, plan.tp
     tokens = b * s / plan.cp  # tokens per micro-batch on one GPU
     rate = c.peak_flops * efficiency(plan, work)
-    fwd, bwd, extra = _layer_flops(plan, m, plan.recompute)
+    fwd, bwd, extra = _layer_flops(plan, m, plan.recompute, causal=c.calibrated)
     layers = stage_layers(plan, m)
     head = 6 * m.vocab * h / t  # output layer, fwd + bwd, per token
-    stage_mb = [n * (fwd + bwd + extra) * tokens / rate for n in layers]
-    stage_mb[-1] += head * tokens / rate
+    flops_mb = [n * (fwd + bwd + extra) * tokens / rate for n in layers]
+    flops_mb[-1] += head * tokens / rate
+    # memory-bound kernels at the HBM's bandwidth: forward, backward (twice the bytes: it reads the saved
+    # input and the incoming gradient and writes a gradient), and the recomputed forward under "full"
+    passes = 3 + (1 if plan.recompute == "full" else 0)
+    mem_mb = [n * passes * _memory_bound_bytes(plan, m) * tokens / c.hbm_bandwidth for n in layers]
+    mem_mb[-1] += LOSS_BYTES * m.vocab / t * tokens / c.hbm_bandwidth
+    if not c.calibrated:
+        mem_mb = [0.0] * plan.pp
+    stage_mb = [a + b_ for a, b_ in zip(flops_mb, mem_mb)]
     slowest = max(range(plan.pp), key=lambda r: stage_mb[r])
     n_slow, t_mb = layers[slowest], stage_mb[slowest]
     accum = plan.accum
-    compute = accum * t_mb
+    compute = accum * flops_mb[slowest]
+    memory = accum * mem_mb[slowest]
     bubble = (plan.pp - 1) / plan.v * t_mb
     # ---- tensor parallel: units of (t-1)/t·b·(s/cp)·h elements per layer per micro-batch
     tp = 0.0
@@ -669,7 +748,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         cross = _crosses(plan.cp * t, c)
         bw = _bw(cross, c)[0]
         h_kv = h * m.kv / m.heads / t
-        window = 3 * 4 * h * s / t * tokens / rate  # attention fwd + bwd of this GPU's tokens
+        window = 3 * _attention_flops(m, c.calibrated) / t * tokens / rate  # attention fwd + bwd, this GPU's tokens
         if planner_frameworks.cp_method(plan) == "ring":  # c − 1 hops each way, each behind a block
             comm = (cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw
                     + 3 * (plan.cp - 1) * _bw(cross, c)[1])
@@ -727,7 +806,18 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
             ag, rs = ring * BF16 / bw, ring * g_bytes / bw
             dp_t = accum * (max(0.0, ag + n_slow * lat - fwd_mb)
                             + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
-    parts = {"compute": compute, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "ep": ep_t, "dp": dp_t}
+    # ---- the optimizer step: once per step, memory-bound, over the parameters this GPU updates
+    dense, experts = _stage_split(plan, m, slowest)
+    d = plan.dp * plan.cp
+    updated = (dense / t / (d if plan.zero >= 1 else 1)
+               + experts / (t * plan.ep) / (max(1, d // plan.ep) if plan.zero >= 1 else 1))
+    opt_t = updated * optimizer_bytes(plan) / c.hbm_bandwidth if c.calibrated else 0.0
+    parts = {"compute": compute, "memory": memory, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "ep": ep_t,
+             "dp": dp_t, "optimizer": opt_t}
+    # ---- no plan faster than the best MFU published for its GPU generation (Cluster.best_mfu)
+    floor = (cost.model_flops_per_token(m.active_params, m.layers, h, s) * work.global_batch * s
+             / (plan.gpus * c.peak_flops * c.best_mfu))
+    parts["cap"] = max(0.0, floor - sum(parts.values())) if c.calibrated else 0.0
     parts["total"] = sum(parts.values())
     return parts
 

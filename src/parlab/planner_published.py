@@ -47,13 +47,13 @@ second reading: it needs less memory, moves more bytes, and does not change the 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from . import planner as P
 from .planner import ModelSpec, Plan, Workload
 
-__all__ = ["Run", "RUNS", "error_band", "ratios", "llama_fsdp_zero2_reading"]
+__all__ = ["Run", "RUNS", "error_band", "ratios", "calibrated", "llama_fsdp_zero2_reading"]
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ RUNS = (
     _megatron("1T", 1008, 160, 25600, 128, 8, 64, 3072, 3072, 163),
     _llama(8192, 64, 32, 430),
     _llama(16384, 128, 16, 400),
-    Run("torchtitan Llama 3.1 8B, FSDP, 8 H100s", Workload(L8, P.H100_SXM(8, memory=96e9), 16),
+    Run("torchtitan Llama 3.1 8B, FSDP, 8 H100s", Workload(L8, P.H100_SXM(8, memory=96e9, hbm_bandwidth=2.4e12), 16),
         Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=2, accum=1, recompute="full"), 5762 * 8,
         published_ac="selective op (82.4 GiB measured)",
         priced_as=TITAN_8B_H100_AC),
@@ -150,22 +150,27 @@ def llama_fsdp_zero2_reading(run: Run) -> dict:
     """Llama 3's FSDP read as ZeRO-2 under PP (gradients reduce-scattered after every micro-batch,
     weights kept gathered): GB per GPU without and with full recomputation, and the reduce-scatters
     of each stage's gradients per step (ZeRO-1's reading: one)."""
-    from dataclasses import replace
-
     gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc), run.work.model) / 1e9
           for rc in ("none", "full")}
     return {"GB without recomputation": gb["none"], "GB with full recomputation": gb["full"],
             "reduce-scatters per step": run.plan.accum}
 
 
-def ratios() -> dict[str, float]:
-    """Predicted ÷ reported throughput of each run's published layout."""
-    return {r.name: P.predict(r.plan, r.work).tokens_per_second / r.reported for r in RUNS}
+def calibrated(work: Workload) -> Workload:
+    """``work`` on the same cluster timed with the calibrated model (``Cluster.calibrated``)."""
+    return replace(work, cluster=replace(work.cluster, calibrated=True))
 
 
-@lru_cache(maxsize=1)
-def error_band() -> float:
+def ratios(calibrated_time: bool = False) -> dict[str, float]:
+    """Predicted ÷ reported throughput of each run's published layout (``calibrated_time``: under the
+    calibrated time model, memory-bound work, causal attention and the MFU cap)."""
+    pick = calibrated if calibrated_time else (lambda w: w)
+    return {r.name: P.predict(r.plan, pick(r.work)).tokens_per_second / r.reported for r in RUNS}
+
+
+@lru_cache(maxsize=2)
+def error_band(calibrated_time: bool = False) -> float:
     """The planner's error on published runs: the largest |predicted ÷ reported − 1| over ``RUNS``
     that are not known misses."""
-    found = ratios()
+    found = ratios(calibrated_time)
     return max(abs(found[r.name] - 1) for r in RUNS if not r.miss)
