@@ -11,6 +11,11 @@ does), not typed: the page then opens, runs and validates that notebook.
 
 Scores: the right answers score 7 of 7; the wrong one (``weight_bits`` for
 Exercise 2, from tests/wrong_answers/lab00.py) loses that exercise's 1 point.
+The instructor sets the due date after plh-ada's last submission and before
+plh-bo's: his is late, and the course's late policy (a tenth of the score
+per started day) leaves him 5.4 of 7, which his feedback shows with the
+penalty.  That parlab grade applies the policy exactly as serial nbgrader
+does is tests/test_grade_late_penalty.py.
 That ``parlab grade`` gives what serial ``nbgrader autograde`` gives for the
 same submissions is shown by tests/test_grade_class.py; here the expected
 scores are the per-exercise points of the notebook.
@@ -24,6 +29,7 @@ import re
 import sys
 import time
 import urllib.request
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import nbformat
@@ -111,6 +117,26 @@ def submit(page) -> None:
     while submissions_listed(page) != before + 1:
         assert time.monotonic() < deadline, page.locator("#submitted_assignments_list").inner_text()
         time.sleep(0.3)
+
+
+def set_due_date_to_now(hub) -> str:
+    """The instructor sets lab 00's due date in the gradebook (as the formgrader does): now, in UTC.
+
+    (The next whole second: every submission made before this call is earlier.)
+    """
+    due = (datetime.now(timezone.utc) + timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    hub.run_as(INSTRUCTOR, ["nbgrader", "db", "assignment", "add", LAB, f"--duedate={due}"],
+               cwd=str(hub.course_dir()))
+    return due
+
+
+def lateness(course: Path) -> dict[str, tuple[float, float]]:
+    """{student: (seconds late, late penalty)} of lab 00 in the course's gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", "parlab") as gb:
+        return {s.student.id: (s.total_seconds_late, s.late_submission_penalty)
+                for s in gb.find_assignment(LAB).submissions}
 
 
 def processes_of(user: str) -> list[int]:
@@ -221,6 +247,8 @@ def test_students_log_in_fetch_work_validate_and_submit(course_hub, chromium):
 
     for user in STUDENTS:
         open_assignments(pages[user])
+        if user == WRONG:  # the due date passes after plh-ada's last submission, before plh-bo's
+            STATE["due"] = set_due_date_to_now(hub)
         submit(pages[user])
     STATE["pages"] = pages
     inbound = hub.exchange / "parlab" / "inbound"
@@ -294,15 +322,22 @@ def test_instructor_collects_grades_and_returns_feedback(course_hub):
     assert sum(top for top, _ in full.values()) == 7, scores  # lab 00's 5 exercises, 7 points
     assert scores[RIGHT] == full, graded.stdout
     assert scores[WRONG] == dict(full, **{"weight_bytes-test": (0.0, 1.0)}), graded.stdout
+    # plh-bo submitted after the due date: the course's late policy (hub/late_penalty.py, named in
+    # hub/instructor/nbgrader_config.py) takes a tenth of his 6 points for the one started day.
+    late = lateness(Path(course))
+    assert late[RIGHT] == (0, 0.0), (STATE["due"], late)
+    assert 0 < late[WRONG][0] < 3600 and late[WRONG][1] == pytest.approx(0.6), (STATE["due"], late)
 
     hub.run_as(INSTRUCTOR, ["nbgrader", "release_feedback", LAB], cwd=course)
-    for user, score in ((RIGHT, "7.0 / 7.0"), (WRONG, "6.0 / 7.0")):
+    for user, score in ((RIGHT, "7.0 / 7.0"), (WRONG, "5.4 / 7.0")):
         page = STATE["pages"][user]
         open_assignments(page)
         page.locator("#submitted_assignments_list").get_by_role("button", name="Fetch Feedback").first.click()
         expect(page.locator("#submitted_assignments_list")).to_contain_text("view feedback", timeout=120_000)
         html = hub.run_as(user, ["sh", "-c", f"cat ~/{LAB}/feedback/*/{LAB}.html"]).stdout
-        assert f"Score: {score}" in html, html[:2000]
+        assert f"(Score: {score})" in html, html[:2000]  # the notebook's score, after the penalty
+        said_late = "Late submission penalty (Score: -0.6)" in html
+        assert said_late == (user == WRONG), html[:2000]
 
 
 def test_a_server_stopped_in_the_middle_of_a_launch_leaves_no_process(course_hub):
