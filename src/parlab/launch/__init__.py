@@ -10,7 +10,7 @@ This package is also callable: ``parlab.launch`` is this module, and
 ``parlab.launch(fn, nproc=2)`` calls :func:`launch`, so ``from parlab import
 launch`` and ``from parlab.launch.job import Job`` both work.
 
-Modules: ``options`` (argument checks), ``tasks`` and ``pickling`` (what
+Modules: ``options`` (``LaunchOptions``: every option checked once, and the checks of what is sent), ``tasks`` and ``pickling`` (what
 travels to the ranks), ``job`` (process life cycle), ``jobdir`` (the shared
 files), ``worker`` and ``agent`` (the rank and torchrun side), ``output``
 (where rank output goes), ``stacks`` (where each rank was), ``report``
@@ -18,7 +18,8 @@ files), ``worker`` and ``agent`` (the rank and torchrun side), ``output``
 (plain results), ``procs`` (process identity), ``magic`` (``%%torchrun``,
 ``%%rank``, ``%parlab``), ``warm`` and ``warm_worker`` (warm groups: ``start``),
 ``slurm``, ``slurm_tether`` and ``nodes`` (the Slurm queue and several nodes),
-``queue_offer`` (a lab cell's "run this through the queue" gate: ``offer_queue``).
+``queue_offer`` (a lab cell's "run this through the queue" gate: ``offer_queue``),
+``tracebacks`` (the launcher's frames cut from what a student sees: ``bare``).
 """
 from __future__ import annotations
 
@@ -28,19 +29,13 @@ import types
 
 from . import tracebacks
 from .errors import LaunchError, LaunchTimeout, WorkerError
-from .options import DEFAULT_TIMEOUT, choose_backend
+from .job import Job
+from .options import DEFAULT_TIMEOUT, LaunchOptions, check_call, choose_backend
 from .queue_offer import offer_queue, queue_configured
 from .runtime import device
-
-
-def _bare(exc: BaseException) -> BaseException:
-    """``exc`` without the launcher's frames, to be raised from a public function.
-
-    IPython hides frames marked ``__tracebackhide__`` but always shows the one
-    that raised; raising again from the public function leaves only the
-    student's cell and that one line.
-    """
-    return exc.with_traceback(None)
+from .tasks import CellTask, ScriptTask
+from .tracebacks import bare
+from .warm import WarmGroup, start
 
 
 def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, env=None,
@@ -50,6 +45,8 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
 
     Inside each rank the process group is initialised, ``parlab.device()`` is
     the rank's device, and torch/random/numpy are seeded with ``seed + rank``.
+
+    Every option is checked once, by ``LaunchOptions`` (``options.py``), before anything starts.
 
     Args:
         nproc: number of ranks; default the visible GPUs, or 2 on CPU.
@@ -62,7 +59,8 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
         env: extra environment variables for the ranks.
         debug: turn on ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, which names
             mismatched collectives at once (also ``PARLAB_DEBUG=1``).
-        seed: base seed; rank r uses ``seed + r``.
+        seed: base seed, a whole number; rank r uses ``seed + r``, which must be
+            a seed numpy takes (0 to 2**32 - 1).
         plain_results: each rank must return plain data (exact
             ``torch.Tensor``, numbers, str, bytes, None, and lists, tuples and
             dicts of them); it comes back through ``torch.load(weights_only=True)``
@@ -80,20 +78,14 @@ def launch(fn, args=(), kwargs=None, *, nproc=None, backend=None, timeout=None, 
             ``timeout`` counts from the moment the job starts, not while it waits.
     """
     __tracebackhide__ = True  # IPython hides launcher frames
-    from .job import Job
-    from .options import check_call
-
     task = check_call(fn, args, kwargs)
     try:
-        return Job(task, nproc, backend, timeout, env, debug, seed, plain_results,
-                   **_where(nnodes, scheduler, gpus, partition, account, time_limit)).run()
+        options = LaunchOptions(nproc, backend, timeout, env, debug, seed, plain_results, nnodes=nnodes,
+                                scheduler=scheduler, gpus=gpus, partition=partition, account=account,
+                                time_limit=time_limit)
+        return Job(task, options).run()
     except (LaunchError, KeyboardInterrupt) as exc:
-        raise _bare(exc) from None
-
-
-def _where(nnodes, scheduler, gpus, partition, account, time_limit) -> dict:
-    return {"nnodes": nnodes, "scheduler": scheduler, "gpus": gpus, "partition": partition,
-            "account": account, "time_limit": time_limit}
+        raise bare(exc) from None
 
 
 def run_script(path, nproc=None, args=(), *, backend=None, timeout=None, env=None, debug=None,
@@ -107,17 +99,15 @@ def run_script(path, nproc=None, args=(), *, backend=None, timeout=None, env=Non
     ``time_limit`` are as for :func:`launch`.
     """
     __tracebackhide__ = True  # IPython hides launcher frames
-    from .job import Job
-    from .tasks import ScriptTask
-
     path = os.path.abspath(os.fspath(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"run_script: no such file {path!r}")
     try:
-        return Job(ScriptTask(path, [str(a) for a in args]), nproc, backend, timeout, env, debug,
-                   seed, **_where(nnodes, scheduler, gpus, partition, account, time_limit)).run()
+        options = LaunchOptions(nproc, backend, timeout, env, debug, seed, nnodes=nnodes, scheduler=scheduler,
+                                gpus=gpus, partition=partition, account=account, time_limit=time_limit)
+        return Job(ScriptTask(path, [str(a) for a in args]), options).run()
     except (LaunchError, KeyboardInterrupt) as exc:
-        raise _bare(exc) from None
+        raise bare(exc) from None
 
 
 def run_cell(source, names, *, nproc=None, backend=None, timeout=None, env=None, debug=None,
@@ -125,18 +115,16 @@ def run_cell(source, names, *, nproc=None, backend=None, timeout=None, env=None,
              partition=None, account=None, time_limit=None) -> list:
     """Run a cell's source on every rank (the engine behind ``%%torchrun``)."""
     __tracebackhide__ = True  # IPython hides launcher frames
-    from .job import Job
-    from .tasks import CellTask
-
-    job = Job(CellTask(source, filename, names), nproc, backend, timeout, env, debug, seed,
-              **_where(nnodes, scheduler, gpus, partition, account, time_limit))
-    job.sources[filename] = source
-    if label:
-        job.labels[filename] = label
     try:
+        options = LaunchOptions(nproc, backend, timeout, env, debug, seed, nnodes=nnodes, scheduler=scheduler,
+                                gpus=gpus, partition=partition, account=account, time_limit=time_limit)
+        job = Job(CellTask(source, filename, names), options)
+        job.sources[filename] = source
+        if label:
+            job.labels[filename] = label
         return job.run()
     except (LaunchError, KeyboardInterrupt) as exc:
-        raise _bare(exc) from None
+        raise bare(exc) from None
 
 
 class _CallableModule(types.ModuleType):
@@ -147,12 +135,10 @@ class _CallableModule(types.ModuleType):
         return launch(fn, *args, **kwargs)
 
 
-from .warm import WarmGroup, start  # noqa: E402 - needs _bare above
-
 sys.modules[__name__].__class__ = _CallableModule
 tracebacks.install()
 __wrapped__ = launch  # inspect.signature(parlab.launch) shows launch's signature
 
-__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchTimeout", "WarmGroup", "WorkerError",
+__all__ = ["DEFAULT_TIMEOUT", "LaunchError", "LaunchOptions", "LaunchTimeout", "WarmGroup", "WorkerError",
            "choose_backend", "device", "launch", "offer_queue", "queue_configured", "run_cell",
            "run_script", "start"]

@@ -31,19 +31,26 @@ import sys
 
 
 
-def _parser(prog: str = "%%torchrun") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
-    p.add_argument("-n", "--nproc", type=int, default=None)
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--backend", default=None)
-    p.add_argument("--debug", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--nnodes", type=int, default=None)
-    p.add_argument("--scheduler", default=None)
-    p.add_argument("--gpus", type=int, default=None)
-    p.add_argument("--partition", default=None)
-    p.add_argument("--account", default=None)
-    p.add_argument("--time-limit", dest="time_limit", type=float, default=None)
+#: The magics' flags: (flags, LaunchOptions field, how the text is read).  No defaults here:
+#: a flag left out is left out of the call, and ``LaunchOptions`` fills in its default.
+_FLAGS = [(("-n", "--nproc"), "nproc", int), (("--timeout",), "timeout", float),
+          (("--backend",), "backend", str), (("--debug",), "debug", None), (("--seed",), "seed", int),
+          (("--nnodes",), "nnodes", int), (("--scheduler",), "scheduler", str), (("--gpus",), "gpus", int),
+          (("--partition",), "partition", str), (("--account",), "account", str),
+          (("--time-limit",), "time_limit", float)]
+#: What ``%parlab start`` takes: the options of ``start`` (a warm group runs locally, on one node).
+_WARM_FLAGS = ("nproc", "timeout", "backend", "debug", "seed")
+
+
+def _parser(prog: str = "%%torchrun", names=None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False,
+                                argument_default=argparse.SUPPRESS)
+    for flags, dest, kind in _FLAGS:
+        if names is None or dest in names:
+            if kind is None:
+                p.add_argument(*flags, dest=dest, action="store_true")
+            else:
+                p.add_argument(*flags, dest=dest, type=kind)
     return p
 
 
@@ -51,13 +58,14 @@ _USAGE = ("Usage: %%torchrun -n 4 [--timeout S] [--backend gloo|nccl] [--debug] 
           "[--scheduler slurm --gpus G --partition P --account A --time-limit MIN]")
 
 
-def parse_line(line: str) -> dict:
+def parse_line(line: str, prog: str = "%%torchrun", names=None, usage: str = _USAGE) -> dict:
+    """The options given on a magic's line, by ``LaunchOptions`` field name (only those given)."""
     try:
-        opts, rest = _parser().parse_known_args(shlex.split(line))
+        opts, rest = _parser(prog, names).parse_known_args(shlex.split(line))
     except (argparse.ArgumentError, ValueError) as exc:
-        raise ValueError(f"%%torchrun: {exc}. {_USAGE}") from None
+        raise ValueError(f"{prog}: {exc}. {usage}") from None
     if rest:
-        raise ValueError(f"%%torchrun: unknown option(s) {' '.join(rest)}. {_USAGE}")
+        raise ValueError(f"{prog}: unknown option(s) {' '.join(rest)}. {usage}")
     return vars(opts)
 
 
@@ -79,11 +87,8 @@ def torchrun(line: str, cell: str, ipython=None):
 
     opts = parse_line(line)
     count, filename, names, has_value = _prepare_cell(cell, ipython, "torchrun")
-    results = run_cell(cell, names, nproc=opts["nproc"], backend=opts["backend"], timeout=opts["timeout"],
-                       debug=opts["debug"] or None, seed=opts["seed"], filename=filename,
-                       label=f"Cell In[{count}]" if count is not None else None,
-                       **{k: opts[k] for k in ("nnodes", "scheduler", "gpus", "partition", "account",
-                                               "time_limit")})
+    results = run_cell(cell, names, filename=filename, label=f"Cell In[{count}]" if count is not None else None,
+                       **opts)
     return results if has_value else None
 
 
@@ -116,20 +121,16 @@ def parlab_line(line: str, ipython=None):
     """``%parlab start|names|reset|restart|stop``: the warm group that ``%%rank`` cells use."""
     __tracebackhide__ = True  # IPython hides the magic's own frames
     from . import warm
+    from .options import LaunchOptions
 
     words = shlex.split(line)
     action, rest = (words[0], words[1:]) if words else ("", [])
     if action == "start":
-        try:
-            opts, unknown = _parser("%parlab start").parse_known_args(rest)
-        except (argparse.ArgumentError, ValueError) as exc:
-            raise ValueError(f"%parlab start: {exc}. {_PARLAB_USAGE}") from None
-        if unknown:
-            raise ValueError(f"%parlab start: unknown option(s) {' '.join(unknown)}. {_PARLAB_USAGE}")
+        opts = parse_line(shlex.join(rest), "%parlab start", _WARM_FLAGS, _PARLAB_USAGE)
+        options = LaunchOptions(**opts)  # checked before the running group is replaced
         if warm._current is not None and warm._current.job is not None:
             warm._current.stop()  # one group per kernel for %%rank: starting again replaces it
-        group = warm.start(nproc=opts.nproc, backend=opts.backend, timeout=opts.timeout,
-                           debug=opts.debug or None, seed=opts.seed)
+        group = warm.start_group(options)
         print(f"parlab: {group.nproc} warm ranks ({group.backend}) ready; %%rank cells run on them")
         return None
     if action in ("names", "reset", "restart", "stop") and not rest:

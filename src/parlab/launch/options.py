@@ -1,12 +1,23 @@
-"""Check a launch's arguments and fill in defaults, before anything starts."""
+"""A launch's options, checked once, and the checks of what it sends to the ranks.
+
+``LaunchOptions`` is the one home of every option: its default, its type, its
+check and the message a bad value gets.  ``launch``, ``run_script``, the
+``%%torchrun`` magic and ``start`` (a warm group) each build one, and
+everything below them (``Job``, ``WarmGroup``, the Slurm request) takes it as
+it is: nothing is checked twice, so a bad value gets the same sentence from
+every entry.  (torchtitan passes its ``JobConfig`` down the same way.)
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
-import operator
 import os
+import types
+from collections.abc import Mapping
 
-from . import pickling
+from . import pickling, slurm
 from .errors import LaunchError
+from .numbers import whole
 from .tasks import CallTask, CellTask
 
 #: Default seconds before a launch is stopped.  It suits the CPU labs (a cold
@@ -14,6 +25,67 @@ from .tasks import CallTask, CellTask
 #: nbgrader cell timeout, so a hang surfaces as LaunchTimeout, not a killed cell.
 DEFAULT_TIMEOUT = 120.0
 BACKENDS = ("gloo", "nccl", "mpi")
+#: numpy takes seeds from 0 to 2**32 - 1, and rank r is seeded with seed + r.
+SEEDS = 2 ** 32
+#: The options that ask Slurm for resources: only a launch with scheduler="slurm" takes them.
+SLURM_ONLY = ("gpus", "partition", "account", "time_limit")
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchOptions:
+    """Every option of a launch, checked, with its defaults filled in (see ``launch``'s docstring).
+
+    Building one checks it: a bad value raises here, before any process
+    starts or any file is written.  After ``__post_init__`` the fields hold
+    the values the launch uses: ``nproc`` and ``backend`` chosen, ``timeout``
+    in seconds, ``env`` a read-only mapping, ``debug`` a bool (PARLAB_DEBUG
+    read once), ``scheduler`` "local" or "slurm", ``nnodes`` an int, and for
+    a Slurm launch ``request`` the ask that ``sinfo`` confirmed (``backend``
+    is then "auto": the node picks NCCL when it has the GPUs).
+    """
+
+    nproc: int | None = None
+    backend: str | None = None
+    timeout: float | None = None
+    env: Mapping[str, str] | None = None
+    debug: bool | None = None
+    seed: int = 0
+    plain_results: bool = False
+    _: dataclasses.KW_ONLY
+    nnodes: int | None = None
+    scheduler: str | None = None
+    gpus: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    time_limit: float | None = None
+    request: slurm.SlurmRequest | None = dataclasses.field(default=None, init=False, compare=False)
+
+    def __post_init__(self):
+        checked = {"scheduler": slurm.choose_scheduler(self.scheduler)}
+        if checked["scheduler"] == "slurm":
+            checked["backend"] = check_backend_name(self.backend)
+            checked["nproc"], checked["request"] = slurm.check_request(
+                self.nproc, self.gpus, self.nnodes, self.partition, self.account, self.time_limit)
+            checked["nnodes"] = checked["request"].nnodes
+        else:
+            given = [k for k in SLURM_ONLY if getattr(self, k) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} ask(s) Slurm for resources: pass scheduler='slurm' too")
+            checked["nnodes"] = slurm.check_nnodes(self.nnodes)
+            checked["nproc"], checked["backend"] = choose_backend(self.nproc, self.backend)
+            if checked["nproc"] % checked["nnodes"]:
+                raise ValueError(f"nproc={checked['nproc']} must split evenly over nnodes={checked['nnodes']}")
+        checked["timeout"] = check_timeout(self.timeout)
+        checked["env"] = types.MappingProxyType(check_env(self.env))
+        checked["debug"] = check_debug(self.debug)
+        checked["seed"] = check_seed(self.seed, checked["nproc"])
+        checked["plain_results"] = check_flag("plain_results", self.plain_results)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
+
+    def with_timeout(self, timeout) -> float:
+        """The timeout of one warm cell: ``timeout`` checked, or this group's when None."""
+        return self.timeout if timeout is None else check_timeout(timeout)
 
 
 def _visible_gpus() -> int:
@@ -28,14 +100,7 @@ def choose_backend(nproc, backend):
     if nproc is None:
         gpus = _visible_gpus()
         nproc = gpus or 2
-    try:
-        if isinstance(nproc, bool):
-            raise TypeError
-        nproc = operator.index(nproc)  # accepts numpy integers too
-    except TypeError:
-        raise TypeError(f"nproc must be a whole number of ranks, got {nproc!r}") from None
-    if nproc < 1:
-        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    nproc = whole("nproc", nproc, 1, "a whole number of ranks")
     if backend is None:
         gpus = _visible_gpus() if gpus is None else gpus
         backend = "nccl" if 0 < nproc <= gpus else "gloo"
@@ -62,7 +127,7 @@ def choose_backend(nproc, backend):
 
 def check_backend_name(backend) -> str:
     """The backend of a Slurm launch: as given, or "auto" (the node picks NCCL when it has the GPUs)."""
-    if backend is None:
+    if backend is None or backend == "auto":
         return "auto"
     if not isinstance(backend, str) or backend.lower() not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -86,13 +151,37 @@ def check_timeout(timeout) -> float:
 def check_env(env) -> dict:
     if env is None:
         return {}
-    if not isinstance(env, dict):
+    if not isinstance(env, Mapping):
         raise TypeError(f"env must be a dict of environment variables, got {type(env).__name__}")
     bad = [k for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
     if bad:
         raise TypeError(f"env keys and values must be strings; not so for {bad!r}: "
                         "write e.g. env={'MY_FLAG': '1'}")
     return dict(env)
+
+
+def check_seed(seed, nproc: int) -> int:
+    """The base seed: a whole number such that every rank's ``seed + rank`` is a seed numpy takes."""
+    seed = whole("seed", seed, 0)
+    if seed > SEEDS - nproc:
+        raise ValueError(f"seed must be at most {SEEDS - nproc} for {nproc} rank(s), got {seed}: rank r "
+                         "is seeded with seed + r, and numpy takes seeds from 0 to 2**32 - 1")
+    return seed
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_debug(debug) -> bool:
+    """The diagnostic mode: ``debug`` when given, else whether PARLAB_DEBUG is set (and not 0)."""
+    if debug is None:
+        return os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be True, False or None (None: PARLAB_DEBUG decides), got {debug!r}")
+    return debug
 
 
 def check_call(fn, args, kwargs) -> CallTask:
@@ -154,10 +243,3 @@ def notebook_sources() -> tuple[dict, dict]:
         if entry and entry[2]:
             sources[name] = "".join(entry[2])
     return sources, labels
-
-
-def check_debug(debug) -> bool:
-    """The diagnostic mode: ``debug`` when given, else whether PARLAB_DEBUG is set (and not 0)."""
-    if debug is None:
-        return os.environ.get("PARLAB_DEBUG", "") not in ("", "0")
-    return bool(debug)

@@ -34,7 +34,6 @@ Everything here runs the Slurm client commands (``sinfo``, ``squeue``,
 from __future__ import annotations
 
 import math
-import operator
 import os
 import re
 import shutil
@@ -42,6 +41,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .errors import LaunchError
+from .numbers import whole
 
 SCHEDULERS = ("local", "slurm")
 #: What slurmstepd prints when Slurm itself ends a running step.
@@ -97,20 +97,8 @@ def per_gpu_request() -> tuple[int, int]:
     return int(cpus), mem_mb(os.environ.get("PARLAB_SLURM_MEM_PER_GPU") or "4G", "PARLAB_SLURM_MEM_PER_GPU")
 
 
-def _whole(name: str, value, least: int) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be a whole number, got {value!r}") from None
-    if value < least:
-        raise ValueError(f"{name} must be at least {least}, got {value}")
-    return value
-
-
 def check_nnodes(nnodes) -> int:
-    return 1 if nnodes is None else _whole("nnodes", nnodes, 1)
+    return 1 if nnodes is None else whole("nnodes", nnodes, 1)
 
 
 def _client(tool: str) -> str:
@@ -168,10 +156,10 @@ def check_request(nproc, gpus, nnodes, partition, account, time_limit,
         partition = os.environ.get("PARLAB_SLURM_PARTITION") or None
     if account is None:
         account = os.environ.get("PARLAB_SLURM_ACCOUNT") or None
-    gpus = 0 if gpus is None else _whole("gpus", gpus, 0)
+    gpus = 0 if gpus is None else whole("gpus", gpus, 0)
     if nproc is None:
         nproc = gpus or 2 * nnodes
-    nproc = _whole("nproc", nproc, 1)
+    nproc = whole("nproc", nproc, 1)
     if nproc % nnodes or gpus % nnodes:
         raise ValueError(f"nproc={nproc} and gpus={gpus} must split evenly over nnodes={nnodes} "
                          "(each node runs the same number of ranks)")

@@ -15,6 +15,16 @@ import os
 _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def bare(exc: BaseException) -> BaseException:
+    """``exc`` without the launcher's frames, to be raised from a public function.
+
+    IPython hides frames marked ``__tracebackhide__`` but always shows the one
+    that raised; raising again from the public function leaves only the
+    student's cell and that one line.
+    """
+    return exc.with_traceback(None)
+
+
 def without_launcher_frames(tb):
     """``tb`` cut just before its first frame inside parlab/launch (the same object, shortened)."""
     previous, entry = None, tb

@@ -33,13 +33,16 @@ import time
 import weakref
 from multiprocessing.connection import wait
 
-from . import _bare, options, pickling, procs, warm_link
+from . import pickling, procs, warm_link
 from .errors import LaunchError, WorkerError
 from .failures import classify, transient_reason
+from .job import Job
 from .jobdir import sweep_stale_jobs
+from .options import DEFAULT_TIMEOUT, LaunchOptions, check_call, notebook_sources, pickle_task
 from .output import make_sink
 from .report import explain, status
 from .results import decode
+from .tracebacks import bare
 from .warm_worker import WarmLoop, names as _rank_names, state  # noqa: F401 - state() is public
 
 _POLL = warm_link.POLL
@@ -56,12 +59,21 @@ def start(nproc=None, backend=None, timeout=None, env=None, debug=None, seed=0) 
     process group's own timeout is half of it, as for a cold launch.
     """
     __tracebackhide__ = True  # IPython hides launcher frames
-    group = WarmGroup(nproc, backend, timeout, env, debug, seed)
+    try:
+        return start_group(LaunchOptions(nproc, backend, timeout, env, debug, seed))
+    except (LaunchError, KeyboardInterrupt) as exc:
+        raise bare(exc) from None
+
+
+def start_group(options: LaunchOptions) -> "WarmGroup":
+    """A warm group on ``options`` (checked already), booted; what ``start`` and ``%parlab start`` run."""
+    __tracebackhide__ = True  # IPython hides launcher frames
+    group = WarmGroup(options)
     try:
         group._boot()
-    except (LaunchError, KeyboardInterrupt) as exc:
+    except BaseException:
         group._end_processes()
-        raise _bare(exc) from None
+        raise
     return group
 
 
@@ -76,14 +88,12 @@ def current() -> "WarmGroup":
 class WarmGroup:
     """Ranks kept running between cells; see the module docstring."""
 
-    def __init__(self, nproc, backend, timeout, env, debug, seed):
-        self.nproc, self.backend = options.choose_backend(nproc, backend)
-        self.timeout = options.check_timeout(timeout)
-        self.env = options.check_env(env)
-        self.debug = options.check_debug(debug)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be a whole number, got {seed!r}")
-        self.seed = seed
+    def __init__(self, options: LaunchOptions):
+        if options.scheduler != "local" or options.nnodes != 1 or options.plain_results:
+            raise ValueError("a warm group runs on this machine's own ranks, on one node, with the "
+                             "launcher's own results: use parlab.launch for scheduler, nnodes or plain_results")
+        self.options = options
+        self.nproc, self.backend, self.timeout = options.nproc, options.backend, options.timeout
         self.job, self.conns, self._owner = None, {}, os.getpid()
         self._lock = threading.Lock()
         self._ids = 0
@@ -99,11 +109,11 @@ class WarmGroup:
     def call(self, fn, args=(), kwargs=None, *, timeout=None) -> list:
         """``run`` spelled like ``launch(fn, args, kwargs)``, with a timeout for this call only."""
         __tracebackhide__ = True  # IPython hides launcher frames
-        task = options.check_call(fn, args, kwargs)
+        task = check_call(fn, args, kwargs)
         try:
             return self._submit(task, timeout)
         except (LaunchError, KeyboardInterrupt) as exc:
-            raise _bare(exc) from None
+            raise bare(exc) from None
 
     def run_cell(self, source: str, names: dict, *, filename="<rank cell>", label=None, timeout=None):
         """Run a cell's source in every rank's namespace (the engine behind ``%%rank``)."""
@@ -114,7 +124,7 @@ class WarmGroup:
             return self._submit(WarmCell(source, filename, names), timeout,
                                 cell=(filename, source, label or filename))
         except (LaunchError, KeyboardInterrupt) as exc:
-            raise _bare(exc) from None
+            raise bare(exc) from None
 
     def names(self) -> list:
         """Per rank, the sorted names that ``%%rank`` cells (or ``state()``) stored there."""
@@ -126,7 +136,7 @@ class WarmGroup:
         try:
             self._submit(None, None, kind="reset")
         except (LaunchError, KeyboardInterrupt) as exc:
-            raise _bare(exc) from None
+            raise bare(exc) from None
 
     def restart(self) -> None:
         """New processes and empty namespaces (what a broken group gets by itself)."""
@@ -137,7 +147,7 @@ class WarmGroup:
             self._boot()
         except (LaunchError, KeyboardInterrupt) as exc:
             self._end_processes()
-            raise _bare(exc) from None
+            raise bare(exc) from None
 
     def stop(self) -> None:
         """End every process of the group (by pid) and remove its folder; safe to call twice."""
@@ -191,13 +201,11 @@ class WarmGroup:
         _current = self
 
     def _boot_once(self) -> None:
-        from .job import Job
-
         with warm_link.Listener(self.nproc) as listener:  # closed once every rank is connected
-            loop = WarmLoop(listener.address, listener.authkey, self.seed)
-            self.job = Job(loop, self.nproc, self.backend, self.timeout, self.env, self.debug, self.seed)
+            loop = WarmLoop(listener.address, listener.authkey, self.options.seed)
+            self.job = Job(loop, self.options)
             self.job._start()
-            self.conns = listener.accept_ranks(self.job, max(self.timeout, options.DEFAULT_TIMEOUT))
+            self.conns = listener.accept_ranks(self.job, max(self.timeout, DEFAULT_TIMEOUT))
         self._sent = {}
 
     def _end_processes(self) -> None:
@@ -234,14 +242,14 @@ class WarmGroup:
     def _submit(self, task, timeout, kind: str = "run", cell=None) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
         self._check_caller()
-        timeout = self.timeout if timeout is None else options.check_timeout(timeout)
-        task_bytes = options.pickle_task(task) if kind == "run" else b""  # refused before anything is sent
+        timeout = self.options.with_timeout(timeout)
+        task_bytes = pickle_task(task) if kind == "run" else b""  # refused before anything is sent
         if not self._lock.acquire(blocking=False):
             raise LaunchError("this warm group is already running a cell (from another thread); wait for it.")
         previous = self._catch_stop_button()
         try:
             self._restart_if_broken()
-            sources, labels = options.notebook_sources()
+            sources, labels = notebook_sources()
             if cell is not None:
                 sources[cell[0]], labels[cell[0]] = cell[1], cell[2]
             self.job.labels.update(labels)
