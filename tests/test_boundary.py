@@ -131,3 +131,44 @@ def test_only_installed_code_is_bound_back(monkeypatch, tmp_path):
     code = boundary._code_paths()
     assert str(tmp_path) not in code and all(not p.startswith(str(tmp_path)) for p in code)
     assert str(REPO / "src") in code  # the editable install's package folder
+
+
+def test_box_memory_leaves_the_grader_room_inside_the_enclosing_cgroup(tmp_path, monkeypatch):
+    """A Slurm task's --mem encloses the box (v1: nested): the box's bound must bind first."""
+    monkeypatch.setattr(boundary, "CGROUP_MOUNT", tmp_path)
+    job = tmp_path / "memory" / "slurm_n1" / "uid_0" / "job_7"
+    task = job / "step_batch" / "task_0"
+    task.mkdir(parents=True)
+    (job / "memory.limit_in_bytes").write_text(str(5 << 30))
+    (task / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
+    assert boundary.enclosing_memory(task / "parlab-box-x") == 5 << 30
+    assert boundary.enclosing_memory(tmp_path / "memory" / "other") is None
+    assert boundary.box_memory(4 << 30, 5 << 30) == 4 << 30  # 5G - 1 GiB for the grader: the bound holds
+    assert boundary.box_memory(6 << 30, 4 << 30) == 3 << 30  # lowered to what the task leaves
+    assert boundary.box_memory(6 << 30, None) == 6 << 30
+
+
+def test_stale_box_cgroups_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    import fcntl
+    import os
+
+    claims, parent = tmp_path / "claims", tmp_path / "memory"
+    claims.mkdir()
+    parent.mkdir()
+    monkeypatch.setattr(boundary, "UID_CLAIMS", claims)
+    monkeypatch.setattr(boundary.os, "geteuid", lambda: 0)
+    live, killed, unclaimed, busy = (boundary.UID_BASE + k for k in range(4))
+    names = {uid: f"parlab-box-{uid}-0123abcd" for uid in (live, killed, unclaimed, busy)}
+    for uid, name in names.items():
+        (parent / name).mkdir()
+        if uid != unclaimed:
+            (claims / str(uid)).write_text("")
+    (parent / names[busy] / "cgroup.procs").write_text("1234")  # a process in it: rmdir fails
+    (parent / "parlab-hub").mkdir()
+    held = os.open(claims / str(live), os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a Box's claim is held while it lives
+    try:
+        boundary.remove_stale_cgroups({"memory": parent})
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in parent.iterdir()) == sorted([names[live], names[busy], "parlab-hub"])

@@ -167,6 +167,11 @@ class GuardedExecute(Execute):
             if self.boundary:
                 where = (resources or {}).get("metadata", {}).get("path") or os.getcwd()
                 self._box = Box(self._workdir, where, self._limits())
+                self.log.info("parlab: this submission's boxes run as uid %d", self._box.uid)
+                if self._box.limits.memory_bytes < self._box.asked_memory:
+                    self.log.warning("parlab: this submission's memory bound is %s, not box_memory_mb = %d: the "
+                                     "cgroup around the grader (a Slurm task's --mem) leaves no more beside it",
+                                     self._box.limits.describe()["memory"], self.box_memory_mb)
             else:
                 self.log.warning("parlab: grading WITHOUT the operating-system boundary "
                                  "(GuardedExecute.boundary = False): the notebook's code runs as you")

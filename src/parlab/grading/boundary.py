@@ -13,8 +13,10 @@ Each box is a bubblewrap sandbox (Debian's ``bubblewrap``) entered through
 trusted step that, before it execs ``bwrap``:
 
 - puts itself in the submission's cgroups (memory and pids, cgroup v1 or
-  v2, where this user may create them) and sets per-process limits
-  (``RLIMIT_AS`` for memory, ``RLIMIT_NPROC``, no core files);
+  v2, where this user may create them; under v1 below the grader's own,
+  so that a Slurm task's cgroup bounds the boxes it grades) and sets
+  per-process limits (``RLIMIT_AS`` for memory, ``RLIMIT_NPROC``, no core
+  files);
 - hands the folders the box may write to the box's user;
 - when run as root, drops to the submission's own unprivileged uid
   (claimed for this submission only, never a real user's), so that nothing
@@ -39,7 +41,7 @@ boxes run as the grader's own uid in a user namespace, bounded by the
 per-process limits only, and the ranks' box can see and signal the
 grader's processes (``docs/instructor.md`` says what differs).
 
-(One module, just over 450 lines: the box's spec, its command line, the uid
+(One module, about 590 lines: the box's spec, its command line, the uid
 and cgroup claims and the trusted entry step are one boundary, read and
 reviewed together; split, each part would be checked without the others.)
 """
@@ -48,13 +50,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import resource
 import secrets
 import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 INSTALL = "sudo apt-get install bubblewrap (Debian/Ubuntu) or sudo dnf install bubblewrap (Fedora)"
@@ -164,21 +167,112 @@ def _claim_uid() -> tuple[int, int]:
     raise BoundaryError(f"no free box uid found in {UID_CLAIMS}")
 
 
+CGROUP_MOUNT = Path("/sys/fs/cgroup")
+#: Memory the trusted grader needs beside a box inside the same enclosing cgroup (nbgrader, the sandbox process).
+GRADER_RESERVE = 1 << 30
+_BOX_CGROUP = re.compile(r"parlab-box-(\d+)-[0-9a-f]{8}")
+
+
+def _cgroup_parents() -> dict[str, Path]:
+    """{"memory": dir, "pids": dir} where this process's box cgroups go.
+
+    cgroup v1: below this process's own cgroup of each controller, so that
+    whatever encloses the grader (a Slurm task's cgroup, a systemd unit's)
+    bounds its boxes too and sees their processes; nested cgroups are
+    hierarchical.  cgroup v2 (not tested here): the root, as a box must be
+    a leaf and this process's own cgroup already holds processes.
+    """
+    if (CGROUP_MOUNT / "cgroup.controllers").is_file():
+        return {"memory": CGROUP_MOUNT, "pids": CGROUP_MOUNT}
+    own = {}
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for kind in controllers.split(","):
+                own[kind] = path
+    except (OSError, ValueError):
+        pass
+    parents = {}
+    for kind in ("memory", "pids"):
+        mine = CGROUP_MOUNT / kind / own.get(kind, "/").lstrip("/")
+        parents[kind] = mine if mine.is_dir() else CGROUP_MOUNT / kind
+    return parents
+
+
 def _cgroup_dirs(name: str) -> dict[str, Path]:
     """{"memory": dir, "pids": dir} of new cgroups for the box, where this user may make them."""
-    base = Path("/sys/fs/cgroup")
     made: dict[str, Path] = {}
-    if (base / "cgroup.controllers").is_file():  # cgroup v2: one folder for both
-        candidates = {"memory": base / name, "pids": base / name}
-    else:
-        candidates = {"memory": base / "memory" / name, "pids": base / "pids" / name}
-    for kind, folder in candidates.items():
+    for kind, parent in _cgroup_parents().items():
+        folder = parent / name
         try:
             folder.mkdir(exist_ok=True)
             made[kind] = folder
         except OSError:
             continue
     return made
+
+
+def enclosing_memory(folder: Path) -> int | None:
+    """The smallest memory limit (bytes) of ``folder`` and the cgroups above it (v1, or v2's memory.max)."""
+    found = None
+    for up in [folder, *folder.parents]:
+        if not _inside(str(up), str(CGROUP_MOUNT)) or up == CGROUP_MOUNT.parent:
+            break
+        for knob in ("memory.limit_in_bytes", "memory.max"):
+            try:
+                text = (up / knob).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 1 << 60:  # "max" and v1's near-2**63 mean no limit
+                found = int(text) if found is None else min(found, int(text))
+    return found
+
+
+def box_memory(wanted: int, enclosing: int | None) -> int:
+    """The box's memory bound: ``wanted``, or less where the enclosing cgroup leaves less beside the grader.
+
+    The box must reach its own bound first: where the enclosing cgroup's
+    (a Slurm task's ``--mem``) is reached instead, its OOM killer may end
+    the trusted grader, and the cell gets no note naming the bound.
+    """
+    if enclosing is None:
+        return wanted
+    return max(min(wanted, enclosing - GRADER_RESERVE), 256 << 20)
+
+
+def remove_stale_cgroups(parents=None) -> None:
+    """rmdir the empty box cgroups below ``parents`` (default: this process's) whose uid no Box holds.
+
+    A Box removes its cgroups when it closes; a grader killed first (a
+    cancelled Slurm task, SIGKILL) leaves them, where they would keep a
+    Slurm task's own cgroup from being removed.  Root only (box uids are claimed by root).
+    """
+    if os.geteuid() != 0:
+        return
+    for parent in set((parents or _cgroup_parents()).values()):
+        try:
+            names = [entry.name for entry in parent.iterdir() if _BOX_CGROUP.fullmatch(entry.name)]
+        except OSError:
+            continue
+        for name in names:
+            uid = int(_BOX_CGROUP.fullmatch(name).group(1))
+            if not UID_BASE <= uid < UID_BASE + UID_SPAN:
+                continue
+            try:
+                fd = os.open(UID_CLAIMS / str(uid), os.O_RDWR)
+            except FileNotFoundError:
+                fd = None
+            except OSError:
+                continue
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: that Box is alive
+                (parent / name).rmdir()  # fails while a process is in it
+            except OSError:
+                pass
+            finally:
+                if fd is not None:
+                    os.close(fd)
 
 
 def _write(path: Path, value) -> bool:
@@ -214,6 +308,7 @@ class Box:
     """
 
     def __init__(self, workdir: Path, notebook_dir: Path, limits: Limits = Limits()):
+        self.asked_memory = limits.memory_bytes  # ``limits`` holds what applies (see ``box_memory``)
         self.limits = limits
         self.bwrap = bwrap_path()
         self.dir = Path(workdir) / "box"
@@ -226,8 +321,11 @@ class Box:
             self.gid = self.uid
         else:
             self.uid, self.gid = os.getuid(), os.getgid()
+        remove_stale_cgroups()
         self.cgroups = _cgroup_dirs(f"parlab-box-{self.uid}-{secrets.token_hex(4)}")
-        if "memory" in self.cgroups:
+        if "memory" in self.cgroups:  # no more than the enclosing cgroup leaves beside the grader
+            limits = self.limits = replace(limits, memory_bytes=box_memory(
+                limits.memory_bytes, enclosing_memory(self.cgroups["memory"].parent)))
             for knob in ("memory.limit_in_bytes", "memory.max"):
                 _write(self.cgroups["memory"] / knob, limits.memory_bytes)
             _write(self.cgroups["memory"] / "memory.swap.max", 0)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from .. import boundary
 from . import worker
 
 JOB_VAR = "PARLAB_GRADE_JOB"
@@ -54,3 +55,4 @@ def end_worker(proc: subprocess.Popen, token: str) -> None:
         pass
     end_job(token)
     proc.wait()
+    boundary.remove_stale_cgroups()  # the worker's boxes' cgroups, if it was killed before it closed them

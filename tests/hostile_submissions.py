@@ -1,0 +1,408 @@
+"""A class of hostile lab 00 submissions, and what grading it must leave: one definition for every way of grading it.
+
+``make_class`` builds a scratch course (lab 00, the cheapest) holding four
+hostile submissions and one correct submission graded after them;
+``grade`` runs ``parlab grade`` over it (here, with ``--slurm``, or as
+another Unix user), and the ``test_*`` functions below are what every way
+must show: each test module imports them and defines the ``graded``
+fixture they run on.
+tests/test_hostile_submissions.py grades it with ``parlab grade`` here,
+tests/slurm/test_grade_hostile_slurm.py as one Slurm array, and
+tests/test_hostile_non_root.py a part of it as an unprivileged user.
+
+Each hostile submission is lab 00's solution with some answer cells
+replaced by an attack; an attack that worked would define the answer (and
+so claim its points), print what it reached, or break what is graded after
+it.  The attacks: write the checks, write ``gradebook.db``, read
+``solutions/`` and print it, read another student's submission (h1); kill
+the grader's parent from the kernel, point the launcher at the grader
+through a rank's pid file, open a connection outside loopback (h2); edit
+nbgrader's cell metadata to claim points, a fork bomb, fill the disk (h3);
+allocate 30 GB, sleep forever (h4).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import psutil
+
+from class_course import add_students, gradebook_scores, make_course, notebook, submit, tool_env
+from nbgrader_harness import REPO, TOKEN_VAR, leftover_processes, source_notebook
+from parlab.grading import boundary
+from parlab.grading.classgrade.worker import LOG as worker_log
+
+LAB = "00-setup"
+MARKER = "zz-private-marker-7f3a9c"  # only in zz's submission
+TITLE = "Lab 00 — Setup, and why one GPU is not enough"  # only in the notebooks' markdown, not the submissions
+#: Bounds of this course, small so that the attacks reach them fast.
+CONFIG = """
+c.Execute.timeout = 60
+c.GuardedExecute.box_memory_mb = 4096
+c.GuardedExecute.box_processes = 512
+c.GuardedExecute.box_scratch_mb = 64
+"""
+POINTS = {"hello-test": 2, "weight_bytes-test": 1, "training_state_bytes-test": 1,
+          "gpus_to_hold_state-test": 1, "days_to_train-test": 2}
+
+WRITES_THE_CHECKS = '''
+import parlab.grading.lab00 as checks
+try:
+    with open(checks.__file__, "a") as f:
+        f.write("")  # a real attack appends a line that breaks the next student's check
+    def hello():
+        import torch.distributed as dist
+        return f"hello from rank {dist.get_rank()} of {dist.get_world_size()}"
+except OSError as exc:
+    print("cannot write the checks:", exc)
+'''
+
+WRITES_THE_GRADEBOOK = '''
+import os, sqlite3
+for path in [{root!r} + "/gradebook.db", os.path.abspath("../../../gradebook.db"),
+             os.path.abspath("../../../../../../gradebook.db")]:
+    try:
+        con = sqlite3.connect(f"file:{{path}}?mode=rw", uri=True)
+        con.execute("UPDATE grade SET manual_score = 100")
+        con.commit()
+        def weight_bytes(n_params, bytes_per_param):
+            return n_params * bytes_per_param
+    except sqlite3.Error as exc:
+        print("no gradebook at", path, exc)
+'''
+
+READS_SOLUTIONS = '''
+import glob
+for path in (glob.glob({root!r} + "/solutions/*/*.ipynb") + glob.glob({repo!r} + "/solutions/*/*.ipynb")
+             + glob.glob("../../../solutions/*/*.ipynb") + glob.glob("../../../../../../solutions/*/*.ipynb")):
+    print(open(path).read())
+print("solutions found:", len(glob.glob({root!r} + "/solutions/*/*.ipynb")))
+'''
+
+READS_ANOTHER_SUBMISSION = '''
+import glob, os
+found = glob.glob({root!r} + "/submitted/*/*/*.ipynb") + glob.glob("../../*/*/*.ipynb") \\
+    + glob.glob({root!r} + "/.parlab-grade/*/*/submitted/*/*/*.ipynb") + glob.glob("../../../submitted/*/*/*.ipynb")
+found = [p for p in found if not os.path.realpath(p).startswith(os.getcwd() + "/")]  # not its own
+for path in found:
+    print(open(path).read())
+print("submissions found:", len(found))
+'''
+
+KILLS_THE_GRADERS_PARENT = '''
+import os, signal
+try:
+    os.kill(os.getppid(), signal.SIGKILL)
+except OSError as exc:
+    print("cannot kill the parent:", exc)
+for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+    try:  # the grader's processes carry the run's token: kill each one and its parent
+        if b"{token_var}={token}" in open(f"/proc/{{pid}}/environ", "rb").read().split(b"\\0"):
+            ppid = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+            os.kill(ppid, signal.SIGKILL)
+            os.kill(int(pid), signal.SIGKILL)
+    except (OSError, ValueError) as exc:
+        pass
+print("the kernel sees", len(os.listdir("/proc")), "entries in /proc")
+'''
+
+POINTS_THE_LAUNCHER_AT_THE_GRADER = '''
+def weight_bytes(n_params, bytes_per_param):
+    """On a rank: name the grading sandbox as this rank in its pid file, so that the launcher signals it."""
+    import os, signal
+
+    def parent(pid):
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+    def started(pid):
+        return "t" + open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+
+    target = parent(parent(parent(os.getpid())))  # rank -> torchrun -> bwrap -> the sandbox
+    import torch.distributed as dist
+    path = os.path.join(os.environ["PARLAB_JOB_DIR"], f"pid.{dist.get_rank() if dist.is_initialized() else 0}")
+    with open(path + ".part", "w") as f:
+        f.write(f"{target} {started(target)}")
+    os.replace(path + ".part", path)
+    try:
+        os.kill(target, signal.SIGKILL)
+    except OSError:
+        pass
+    raise RuntimeError("now the launcher ends 'this rank'")
+'''
+
+OPENS_A_CONNECTION = '''
+import socket
+print("interfaces:", [name for _, name in socket.if_nameindex()])
+try:
+    socket.create_connection(({host!r}, {port}), timeout=3).close()
+    def training_state_bytes(n_params):
+        return n_params * 16
+except OSError as exc:
+    print("no way out:", exc)
+'''
+
+FORK_BOMB = '''
+import os, time
+born = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        print(f"the fork bomb stopped after {born} forks: {exc}")
+        break
+    if pid == 0:
+        while True:  # every child forks too, and holds its slot
+            try:
+                os.fork()
+            except OSError:
+                pass
+            time.sleep(5)
+    born += 1
+'''
+
+FILLS_THE_DISK = '''
+with open("fill.bin", "wb") as f:
+    while True:
+        f.write(b"x" * (1 << 20))
+'''
+
+ALLOCATES_30_GB = '''
+blocks = []
+for _ in range(120):
+    blocks.append(b"x" * (256 << 20))  # 30 GB, touched
+def weight_bytes(n_params, bytes_per_param):
+    return n_params * bytes_per_param
+'''
+
+SLEEPS_FOREVER = '''
+import time
+time.sleep(10 ** 9)
+'''
+
+
+def _answer_cell(nb, grade_id: str):
+    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _attack(nb, attacks: dict[str, str]):
+    for grade_id, code in attacks.items():
+        _answer_cell(nb, grade_id).source = code
+    return nb
+
+
+def _claims_points(nb):
+    """The hello test cell made to pass and worth 100 points, checksums recomputed, its answer left out."""
+    from nbgrader.utils import compute_checksum
+
+    _answer_cell(nb, "hello").source = "raise NotImplementedError()"
+    for grade_id in ("hello", "hello-test"):
+        cell = _answer_cell(nb, grade_id)
+        meta = cell.metadata["nbgrader"]
+        if grade_id == "hello-test":
+            cell.source = 'print("all tests passed")'
+        meta.update(grade=True, points=100, locked=False)
+        meta["checksum"] = compute_checksum(cell)
+    return nb
+
+
+def _host_address() -> str | None:
+    """This machine's own non-loopback IPv4 address (never anything outside it)."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def _tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``, but the grading state nbgrader and parlab grade write."""
+    skip = ("autograded/", "feedback/", ".parlab-grade/", "gradebook.db")
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
+
+
+def _code_digest() -> dict[str, str]:
+    import parlab.grading.lab00 as checks
+
+    folder = Path(checks.__file__).parent
+    files = [*sorted(folder.rglob("*.py")), *sorted((REPO / "solutions" / LAB).glob("*.ipynb"))]
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def box_uids(root: Path) -> set[int]:
+    """The box uids this course's grading claimed (each worker's log names its submission's)."""
+    uids = set()
+    for log in (root / ".parlab-grade" / LAB).glob(f"*/{worker_log}"):
+        uids |= {int(u) for u in re.findall(r"this submission's boxes run as uid (\d+)", log.read_text())}
+    return {u for u in uids if boundary.UID_BASE <= u < boundary.UID_BASE + boundary.UID_SPAN}
+
+
+class Listener:
+    """Accepts on this machine's own address and counts who got through."""
+
+    def __init__(self, host: str):
+        self.sock = socket.create_server((host, 0))
+        self.port, self.accepted = self.sock.getsockname()[1], 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
+ATTACKED = {"h1": {"hello-test", "weight_bytes-test", "training_state_bytes-test", "gpus_to_hold_state-test"},
+            "h2": {"hello-test", "weight_bytes-test", "training_state_bytes-test"},
+            "h3": {"hello-test", "weight_bytes-test", "training_state_bytes-test"},
+            "h4": {"weight_bytes-test", "training_state_bytes-test"},
+            "zz": set()}
+
+
+def outputs(root: Path, student: str) -> str:
+    nb = nbformat.read(root / "autograded" / student / LAB / source_notebook(LAB).name, as_version=4)
+    return json.dumps([c.get("outputs", []) for c in nb.cells])
+
+
+def feedback(root: Path, student: str) -> str:
+    return (root / "feedback" / student / LAB / f"{LAB}.html").read_text()
+
+
+
+@dataclass
+class HostileClass:
+    """A course holding the hostile class, hashed before grading."""
+
+    root: Path
+    students: list[str]
+    listener: Listener | None
+    before: dict[str, str]
+    code_before: dict[str, str]
+
+
+def make_class(folder: Path, token: str, students=tuple(ATTACKED)) -> HostileClass:
+    """The course under ``folder`` with ``students`` (all five by default) submitted; ``token`` marks the grader's processes."""
+    root = make_course(folder / "course", [LAB])
+    with open(root / "nbgrader_config.py", "a") as f:
+        f.write(CONFIG)
+    host = _host_address()
+    listener = Listener(host) if host else None
+    fill = {"root": str(root), "repo": str(REPO), "token_var": TOKEN_VAR, "token": token,
+            "host": host or "127.0.0.2", "port": listener.port if listener else 9}
+    build = {
+        "h1": lambda: _attack(notebook(LAB, root), {
+            "hello": WRITES_THE_CHECKS, "weight_bytes": WRITES_THE_GRADEBOOK.format(**fill),
+            "training_state_bytes": READS_SOLUTIONS.format(**fill),
+            "gpus_to_hold_state": READS_ANOTHER_SUBMISSION.format(**fill)}),
+        "h2": lambda: _attack(notebook(LAB, root), {
+            "hello": KILLS_THE_GRADERS_PARENT.format(**fill), "weight_bytes": POINTS_THE_LAUNCHER_AT_THE_GRADER,
+            "training_state_bytes": OPENS_A_CONNECTION.format(**fill)}),
+        "h3": lambda: _attack(_claims_points(notebook(LAB, root)), {
+            "weight_bytes": FORK_BOMB, "training_state_bytes": FILLS_THE_DISK}),
+        "h4": lambda: _attack(notebook(LAB, root), {"weight_bytes": ALLOCATES_30_GB,
+                                                    "training_state_bytes": SLEEPS_FOREVER}),
+        "zz": lambda: _marked(notebook(LAB, root)),
+    }
+    add_students(root, list(students))
+    for student in students:
+        submit(root, student, LAB, build[student]())
+    return HostileClass(root, list(students), listener, _tree_digest(root), _code_digest())
+
+
+def _marked(nb):
+    _answer_cell(nb, "weight_bytes").source += f"\n# {MARKER}\n"
+    return nb
+
+
+def grade(cls: HostileClass, token: str, *args: str, prefix: tuple = (), env: dict | None = None,
+          timeout: float = 1400) -> dict:
+    """``prefix + parlab grade LAB ARGS`` in the course; what the checks below read."""
+    start = time.perf_counter()
+    proc = subprocess.run([*prefix, sys.executable, "-m", "parlab", "grade", LAB, *args], cwd=cls.root,
+                          env=env or tool_env(**{TOKEN_VAR: token}), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    print(f"\nparlab grade {' '.join(args)} over {len(cls.students)} submissions: "
+          f"{time.perf_counter() - start:.1f} s\n{proc.stdout}")
+    return {"class": cls, "token": token, "rc": proc.returncode, "out": proc.stdout, "scores": gradebook_scores(cls.root, LAB),
+            "after": _tree_digest(cls.root), "code_after": _code_digest()}
+
+
+# ---------------------------------------------------------------- what every way of grading must show
+# (each test module imports these tests and gives them its own ``graded`` fixture: grade()'s result)
+def test_every_submission_graded(graded: dict) -> None:
+    assert graded["rc"] == 0, graded["out"]
+    assert set(graded["scores"]) == set(graded["class"].students), graded["out"]
+
+
+def test_attacked_exercises_score_zero_the_rest_full_marks(graded: dict) -> None:
+    for student in graded["class"].students:
+        got = graded["scores"][student]
+        want = {cell: (0.0 if cell in ATTACKED[student] else float(points), float(points))
+                for cell, points in POINTS.items()}
+        assert got == want, (student, got, graded["out"])
+
+
+def test_nothing_reached_leaks_into_outputs_or_feedback(graded: dict) -> None:
+    root = graded["class"].root
+    h1 = outputs(root, "h1")
+    # (the submissions hold the solution's answer cells, markers and all, so "BEGIN SOLUTION" may be in
+    # their sources; never in what their cells printed)
+    assert "BEGIN SOLUTION" not in h1 and "BEGIN HIDDEN TESTS" not in h1, h1
+    for text in (h1, feedback(root, "h1")):
+        assert TITLE not in text and MARKER not in text  # the solution notebook's title; zz's submission
+    assert "solutions found: 0" in h1 and "submissions found: 0" in h1, h1
+    assert "cannot write the checks" in h1 and ("Read-only file system" in h1 or "Permission denied" in h1), h1
+    assert "no gradebook at" in h1, h1
+
+
+def test_network_is_loopback_only(graded: dict) -> None:
+    h2 = outputs(graded["class"].root, "h2")
+    assert "interfaces: ['lo']" in h2, h2
+    if graded["class"].listener is not None:
+        assert "no way out" in h2, h2
+        assert graded["class"].listener.accepted == 0
+
+
+def test_cells_that_reach_a_bound_say_which(graded: dict) -> None:
+    root, students = graded["class"].root, graded["class"].students
+    if "h3" in students:
+        h3 = outputs(root, "h3")
+        assert "the fork bomb stopped after" in h3 and "bound on 512 processes" in h3, h3
+        assert "writable folders hold at most 64 MiB" in h3, h3
+    h4 = outputs(root, "h4")
+    assert re.search(r"bound on 4 GiB|may use at most 4096 MiB", h4), h4
+    assert "each cell may run at most 60 s" in h4, h4
+
+
+def test_course_tree_and_code_unchanged(graded: dict) -> None:
+    assert graded["after"] == graded["class"].before
+    assert graded["code_after"] == graded["class"].code_before
+
+
+def test_nothing_left_running(graded: dict) -> None:
+    """No process under the run's token, of the run's box uids, or (``graded["uids"]``) of the users who graded."""
+    uids = set(graded.get("uids", ())) or box_uids(graded["class"].root)
+    if not graded.get("uids"):  # graded as root: one box uid of its own per submission
+        assert len(uids) == len(graded["class"].students), uids
+
+    def left():
+        return leftover_processes(graded["token"]) + [
+            (p.pid, " ".join(p.info["cmdline"] or [])) for p in psutil.process_iter(["uids", "cmdline"])
+            if p.info["uids"] and uids & {p.info["uids"].real, p.info["uids"].effective}]
+
+    deadline = time.monotonic() + 15
+    while (found := left()) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    assert not found, found
