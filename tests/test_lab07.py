@@ -147,8 +147,17 @@ class ExpertParallelScatter(nn.Module):
         return torch.zeros_like(x).scatter_add(0, index, back * w[:, None])
 
 
+class ExpertParallelOwnRouter(ExpertParallelScatter):
+    """Keeps moe's own router, not a copy (the notebook allows either)."""
+
+    def __init__(self, moe, group=None):
+        super().__init__(moe, group)
+        self.router = moe.router
+
+
 CORRECT = {lab07.RING: {"ring_batched": ring_batched}, lab07.ZIGZAG: {"zigzag_by_index": zigzag_by_index},
-           lab07.EXPERTS: {"ExpertParallelScatter": ExpertParallelScatter}}
+           lab07.EXPERTS: {"ExpertParallelScatter": ExpertParallelScatter,
+                           "ExpertParallelOwnRouter": ExpertParallelOwnRouter}}
 RING4 = dataclasses.replace(lab07.RING, key="lab07.ring4", visible=ring.FOUR_RANKS)
 
 
