@@ -90,6 +90,17 @@ def _viewport():
     return VIEWPORT
 
 
+def nbgrader_menu(page) -> set[str]:
+    """The items of JupyterLab's Nbgrader menu on this page (the menu is closed again)."""
+    page.locator(".jp-LabShell").wait_for()
+    page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").click()
+    items = page.locator(".lm-Menu-content .lm-Menu-itemLabel")
+    items.first.wait_for()
+    labels = {label.strip() for label in items.all_inner_texts()}
+    page.keyboard.press("Escape")
+    return labels
+
+
 def open_assignments(page):
     page.locator(".jp-LabShell").wait_for()
     page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").click()
@@ -166,9 +177,15 @@ def server_pid(hub, user: str) -> int:
 # ------------------------------------------------------------------ the story
 
 
-def test_instructor_releases_lab00_and_servers_are_set_up_for_the_course(course_hub):
+def test_instructor_releases_lab00_and_servers_are_set_up_for_the_course(course_hub, chromium):
     hub = course_hub
     course = str(hub.course_dir())
+    # The instructor logs in on the hub's login page; their server has the formgrader.
+    page = log_in(chromium, hub, INSTRUCTOR, hub.passwords[INSTRUCTOR])
+    page.wait_for_url(f"**/user/{INSTRUCTOR}/lab**")
+    assert {"Formgrader", "Assignment List"} <= nbgrader_menu(page)
+    page.context.close()
+    # The release, as typed in a terminal of that server (as the instructor's Unix user).
     hub.run_as(INSTRUCTOR, ["nbgrader", "generate_assignment", LAB, "--force"], cwd=course)
     hub.run_as(INSTRUCTOR, ["nbgrader", "release_assignment", LAB], cwd=course)
     released = hub.exchange / "parlab" / "outbound" / LAB / f"{LAB}.ipynb"
@@ -197,12 +214,14 @@ def test_students_log_in_fetch_work_validate_and_submit(course_hub, chromium):
     # A wrong password: the login page says so, and nothing starts.
     page = log_in(chromium, hub, RIGHT, passwords[RIGHT] + "x")
     expect(page.locator("body")).to_contain_text("Invalid username or password")
-    assert not hub.running_servers()
+    assert hub.running_servers() == [INSTRUCTOR]  # the instructor's, from the first test; none for her
     page.context.close()
     pages = {}
     for user in STUDENTS:
         page = log_in(chromium, hub, user, passwords[user])
         page.wait_for_url(f"**/user/{user}/lab**")
+        menu = nbgrader_menu(page)  # a student's: the Assignments tab, no formgrader
+        assert "Assignment List" in menu and not menu & {"Formgrader", "Course List"}, menu
         open_assignments(page)
         assignment_button(page, "released", "Fetch").click()
         expect(assignment_button(page, "fetched", "Submit")).to_be_visible()
