@@ -116,3 +116,31 @@ def pytest_collection_modifyitems(config, items):
         for tier, reason in reasons.items():
             if reason and item.get_closest_marker(tier):
                 item.add_marker(pytest.mark.skip(reason=f"{tier} tier: {reason}"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _record_verdicts():
+    """With PARLAB_VERDICT_LOG=FILE, every verdict ``harness.grade_batch`` returns is appended to
+    FILE as one JSON line (test, exercise, answer, hidden, message): run the suite before and after
+    a change to the checks and diff the two files to show that no verdict or message moved."""
+    path = os.environ.get("PARLAB_VERDICT_LOG")
+    if not path:
+        yield
+        return
+    import json
+
+    from parlab.grading import harness
+    original = harness.grade_batch
+
+    def recording(batch, *args, **kwargs):
+        report = original(batch, *args, **kwargs)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+        with open(path, "a") as log:
+            for (exercise, name), message in sorted(report.items()):
+                log.write(json.dumps({"test": test, "exercise": exercise, "answer": name,
+                                      "hidden": kwargs.get("hidden", False), "message": message}) + "\n")
+        return report
+
+    harness.grade_batch = recording
+    yield
+    harness.grade_batch = original
