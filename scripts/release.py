@@ -15,7 +15,7 @@ locked and checksummed.  It also records the labs in gradebook.db, which
 labs/ is output only: a lab folder whose source is gone is deleted, and each
 lab folder is rebuilt from scratch, so it holds exactly what generation
 produces (the notebook plus any data files next to it in solutions/<lab>/).
-The output depends only on the source notebooks, so tests/test_labs_release.py
+The output depends only on the source notebooks, so tests/nbgrader/test_labs_release.py
 can regenerate into a temporary folder and compare.
 """
 from __future__ import annotations

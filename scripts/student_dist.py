@@ -18,7 +18,7 @@ runs from it unchanged; a hub's admin installs the same tree into the
 server environment (``environment.yml`` or ``pip install .``); and the next
 lab released is one more commit that students pull.
 
-Every path copied is listed in ``INCLUDE``; tests/test_student_dist.py
+Every path copied is listed in ``INCLUDE``; tests/nbgrader/test_student_dist.py
 builds the repository and searches it for solution text.
 """
 from __future__ import annotations

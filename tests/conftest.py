@@ -13,10 +13,14 @@ Every test belongs to exactly one tier, cheapest first:
                 Chromium (tests/hub); skipped without root, JupyterHub,
                 configurable-http-proxy or the browser tier's needs
 
-``make test`` runs every tier the machine can run; ``pytest -m ranks`` (or
-``make test PYTEST_ARGS="-m unit"``) runs one.  A module names its tier with
-``pytestmark = pytest.mark.<tier>`` (or a list holding it); a test module
-without one fails collection, so no test silently lands in no tier.
+Each tier is a folder, ``tests/<tier>/``; the modules they share (the wrong
+answers, the nbgrader and hostile-submission helpers) sit in ``tests/`` itself.
+``make test`` runs every tier the machine can run; ``pytest tests/unit`` (or
+``pytest -m unit``, or ``make test PYTEST_ARGS="-m unit"``) runs one.  A module
+also names its tier with ``pytestmark = pytest.mark.<tier>`` (or a list holding
+it, beside its timeout); collection fails for a module without one, for one whose
+marker is not its folder's, and for a test module outside the tier folders, so
+no test silently lands in no tier or in two.
 """
 from __future__ import annotations
 
@@ -109,6 +113,16 @@ def pytest_collection_modifyitems(config, items):
     if untiered:
         raise pytest.UsageError("test modules without a tier marker (pytestmark = "
                                 f"pytest.mark.<{'|'.join(TIERS)}>): {', '.join(untiered)}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    misplaced = set()
+    for item in items:
+        folder = os.path.relpath(str(item.path), here).split(os.sep)[0]
+        marked = [t for t in TIERS if item.get_closest_marker(t)]
+        if folder not in TIERS or folder not in marked:
+            misplaced.add(f"{item.nodeid.split('::')[0]} (marked {', '.join(marked)})")
+    if misplaced:
+        raise pytest.UsageError("test modules outside their tier's folder (tests/<tier>/, with "
+                                f"pytestmark = pytest.mark.<tier>): {', '.join(sorted(misplaced))}")
     reasons = {"gpu": _cuda_reason(), "browser": _browser_reason(),
                "slurm": _slurm_reason() if any(i.get_closest_marker("slurm") for i in items) else None,
                "hub": _hub_reason() if any(i.get_closest_marker("hub") for i in items) else None}

@@ -1,4 +1,4 @@
-"""What two students do on one host, for tests/test_shared_host.py.
+"""What two students do on one host, for tests/ranks/test_shared_host.py.
 
 ``python shared_host_roles.py alice SHARED SQUAT`` and ``... bob SHARED``, each
 run as its own Unix user with ``TMPDIR=SHARED`` (a sticky, world-writable

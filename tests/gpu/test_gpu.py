@@ -14,7 +14,7 @@ import torch
 
 import parlab
 from parlab.models import MODELS
-from solutions import checked_answers, one_rank_exercises, resolve_check, solution_answers
+from lab_solutions import checked_answers, one_rank_exercises, resolve_check, solution_answers
 from strict import strict_ranks, wrong_device_then_right  # noqa: F401 - fixture
 from train_step import sgd_step
 

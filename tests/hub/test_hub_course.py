@@ -15,9 +15,9 @@ The instructor sets the due date after plh-ada's last submission and before
 plh-bo's: his is late, and the course's late policy (a tenth of the score
 per started day) leaves him 5.4 of 7, which his feedback shows with the
 penalty.  That parlab grade applies the policy exactly as serial nbgrader
-does is tests/test_grade_late_penalty.py.
+does is tests/nbgrader/test_grade_late_penalty.py.
 That ``parlab grade`` gives what serial ``nbgrader autograde`` gives for the
-same submissions is shown by tests/test_grade_class.py; here the expected
+same submissions is shown by tests/nbgrader/test_grade_class.py; here the expected
 scores are the per-exercise points of the notebook.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ cluster of conftest.py, one array task per submission:
 
 Then every score equals nbgrader's, with one grade row per cell, the
 feedback matches nbgrader's (numbers the cells print blanked, as in
-tests/test_grade_class.py), Slurm that is not reachable or cannot hold the
+tests/nbgrader/test_grade_class.py), Slurm that is not reachable or cannot hold the
 request is refused before anything is queued, and no process of any run is
 left (here, and conftest's check of squeue and the launches).
 """
@@ -34,11 +34,10 @@ from pathlib import Path
 import pytest
 
 from parlab.grading.classgrade import cli
-from class_course import (add_students, duplicate_grades, gradebook_scores, make_course, notebook,
+from class_course import (add_students, blanked_feedback, duplicate_grades, gradebook_scores, make_course, notebook,
                           serial_autograde, submit, tool_env)
 from nbgrader_harness import TOKEN_VAR, leftover_processes
 from slurm_helpers import parlab_jobs
-from test_grade_class import _blanked
 from wrong_answers import lab00 as wrong
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nbgrader, pytest.mark.timeout(600)]
@@ -154,7 +153,7 @@ def test_scores_and_feedback_equal_serial_nbgrader(courses):
     assert duplicate_grades(array) == []
     for student in GOOD:
         name = f"feedback/{student}/{LAB}/{LAB}.html"
-        assert _blanked((array / name).read_text()) == _blanked((serial / name).read_text()), student
+        assert blanked_feedback((array / name).read_text()) == blanked_feedback((serial / name).read_text()), student
 
 
 def refused(array: Path, *args: str) -> str:

@@ -1,6 +1,6 @@
 """The hostile class graded by ``parlab grade --slurm``: one array job through the private cluster of conftest.py.
 
-The same class as tests/test_hostile_submissions.py (hostile_submissions.py:
+The same class as tests/nbgrader/test_hostile_submissions.py (hostile_submissions.py:
 four hostile lab 00 submissions and a correct one) goes through one
 ``sbatch --array`` job, one task per submission, at most two at once
 (``--throttle 2``, as the local run's ``--workers 2``), each task with 5G:

@@ -6,7 +6,7 @@ and 4G per GPU by default), and the rank's memory cgroup carries that limit
 (``task/cgroup``, ``ConstrainRAMSpace=yes``).  One grading array is
 submitted held (``--hold``), so nothing of it runs: Slurm records its
 throttle (``%2``), its memory per task and its reservation; then it is
-cancelled.  Unit tests of the same arguments: tests/test_slurm_requests.py.
+cancelled.  Unit tests of the same arguments: tests/unit/test_slurm_requests.py.
 """
 import subprocess
 

@@ -4,7 +4,7 @@
 contain); ``HELLO`` holds hello()'s, which run on ranks.  The ``RULES``
 fixtures return the right greeting but break the rule the notebook states
 about printing it.  ``RIGHT`` maps each exercise to correct answers that
-differ from the solution.  tests/test_lab00.py grades them all with the
+differ from the solution.  tests/ranks/test_lab00.py grades them all with the
 checks the notebook calls.
 """
 import math

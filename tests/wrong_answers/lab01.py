@@ -3,7 +3,7 @@
 ``WRONG`` maps each exercise to a list of (fixture, words the check's message
 must contain).  Exercises "rs_ag", "ring" and "tree" run on ranks;
 "bandwidths" is a plain function.  ``DEADLOCK`` hangs and is tested alone
-with a short timeout.  tests/test_lab01.py runs every fixture.
+with a short timeout.  tests/ranks/test_lab01.py runs every fixture.
 """
 import math
 

@@ -4,7 +4,7 @@
 (fixture, words the check's message must contain).  ``WRONG_HIDDEN`` holds
 answers that pass the visible cases and only the hidden ones catch.
 ``HANG`` makes the ranks disagree about their collectives; it is tested
-alone, with a short timeout.  tests/test_lab02.py runs every fixture.
+alone, with a short timeout.  tests/ranks/test_lab02.py runs every fixture.
 """
 import torch
 import torch.distributed as dist

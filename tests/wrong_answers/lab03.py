@@ -8,7 +8,7 @@ row-parallel layer added on every rank, heads split without reshaping,
 unequal shards when the split is uneven, sequence parallelism without the
 gather before attention, and right numbers reached the wrong way (an
 all-gather of the full weight, an all-reduce in the sequence-parallel
-block).  tests/test_lab03.py runs every fixture.
+block).  tests/ranks/test_lab03.py runs every fixture.
 """
 import torch
 import torch.distributed as dist

@@ -3,7 +3,7 @@
 ``CORRECT`` maps each exercise to answers written differently from the
 solution that must pass.  ``WRONG`` maps each exercise to (fixture, words the
 check's message must contain).  ``DEADLOCK`` hangs (blocking sends that face
-each other) and ``DETACHED`` raises on some stages; tests/test_lab04.py runs
+each other) and ``DETACHED`` raises on some stages; tests/ranks/test_lab04.py runs
 those two alone, through the public check, with a short timeout.
 
 Every answer gets ``stage`` (this rank's ``GPTStage``), the micro-batches as

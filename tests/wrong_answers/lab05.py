@@ -3,7 +3,7 @@
 ``WRONG`` maps each exercise to a list of (fixture, words the check's message
 must contain).  The ZeRO fixtures are small variations of one flat-shard
 design (``_Flat``), each with the one mistake its name says.
-tests/test_lab05.py runs every fixture, batched into one launch per world size.
+tests/ranks/test_lab05.py runs every fixture, batched into one launch per world size.
 """
 import torch
 import torch.distributed as dist

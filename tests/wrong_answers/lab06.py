@@ -1,7 +1,7 @@
 """Typical wrong answers to Lab 06's exercises (mesh coordinates, sub-group all-reduces, DP sync).
 
 ``WRONG`` maps each exercise of ``parlab.grading.lab06.EXERCISES`` to a list
-of (fixture, words the check's message must contain).  tests/test_lab06.py
+of (fixture, words the check's message must contain).  tests/ranks/test_lab06.py
 runs every fixture, batched into one launch per world size.
 """
 import torch

@@ -3,7 +3,7 @@
 ``CORRECT`` maps each exercise to answers that must pass; ``WRONG`` maps it
 to (fixture, words the check's message must contain).  The wrong planners
 share one search (``_search``) with the single mistake their name says.
-tests/test_lab06_planner.py grades them all in one batch.
+tests/unit/test_lab06_planner.py grades them all in one batch.
 """
 import itertools
 from dataclasses import replace

@@ -15,7 +15,7 @@ ignored, E not divisible by n accepted, and right numbers reached the wrong
 way (tokens all-gathered; the payload sent before the counts).  The
 expert-parallel fixtures honour `group` and raise on E % n, each with only
 the mistake its name says.
-tests/test_lab07.py runs every fixture.
+tests/ranks/test_lab07.py runs every fixture.
 """
 import copy
 

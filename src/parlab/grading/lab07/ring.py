@@ -274,6 +274,6 @@ VISIBLE = ((3, (RingCase(s=12), RingCase(s=12, causal=True, seed=1),
                 RingCase(b=2, h=1, s=12, d=3, causal=True, layout="zigzag", seed=2))),)
 HIDDEN = ((2, (RingCase(s=8, seed=3), RingCase(s=8, h=3, causal=True, seed=4),
                RingCase(s=16, causal=True, layout="zigzag", seed=5))),)
-#: Only in tests/test_lab07.py (4 ranks cost a launch the notebook's budget has no room for).
+#: Only in tests/ranks/test_lab07.py (4 ranks cost a launch the notebook's budget has no room for).
 FOUR_RANKS = ((4, (RingCase(s=8, seed=6), RingCase(s=16, causal=True, seed=7),
                    RingCase(s=16, causal=True, layout="zigzag", seed=8))),)

@@ -4,7 +4,7 @@ with a message naming its mistake, and right answers written differently pass.
 All answers are graded together with ``harness.grade_batch`` and the same
 exercise declarations that the notebook's ``check_*`` calls use: the four
 formulas in this process, every ``hello`` in one launch per world size (2
-visible, 3 hidden).  tests/test_labs_autograde.py runs the real notebook.
+visible, 3 hidden).  tests/nbgrader/test_labs_autograde.py runs the real notebook.
 """
 import re
 from pathlib import Path
@@ -18,7 +18,7 @@ from wrong_answers import lab00 as answers
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 
-SOLUTION = Path(__file__).resolve().parents[1] / "solutions" / "00-setup" / "00-setup.ipynb"
+SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "00-setup" / "00-setup.ipynb"
 BY_NAME = {ex.answer: ex for ex in lab00.EXERCISES}
 WRONG = {**answers.WRONG, "hello": answers.HELLO + answers.RULES}
 

@@ -74,7 +74,7 @@ def test_the_gpu_environment_installs_nvidia_ml_py():
     import os
     import re
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, "environment.yml")) as f:
         listed = re.findall(r"^\s*-\s*([A-Za-z0-9_.\[\]-]+)", f.read(), flags=re.M)
     assert "nvidia-ml-py" in listed, listed

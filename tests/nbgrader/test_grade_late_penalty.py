@@ -10,7 +10,7 @@ days).  One course is graded by serial ``nbgrader
 autograde`` and ``generate_feedback``, the other by ``parlab grade``.  Both
 gradebooks record the same lateness and penalty (2 of 3 points less
 20 %: 1.6), and the feedback says so in both.  (The whole course's
-parity with serial nbgrader, without late work, is tests/test_grade_class.py;
+parity with serial nbgrader, without late work, is tests/nbgrader/test_grade_class.py;
 the hub tier grades a late lab 00 submission on a real hub.)
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from class_course import serial_autograde, tool_env
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAB = "late-lab"
 DUE = "2026-01-01 00:00:00 UTC"
 SUBMITTED = {"late": "2026-01-02 12:00:00.000000 UTC"}  # an on-time one: the hub tier

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nbformat
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _cells(lab: str):

@@ -425,7 +425,7 @@ def test_eight_concurrent_launches_do_not_collide(tmp_path):
 def test_default_timeout_is_below_the_course_cell_timeout():
     from traitlets.config.loader import PyFileConfigLoader
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     config = PyFileConfigLoader("nbgrader_config.py", path=root).load_config()
     cell_timeout = config.Execute.timeout
     assert options.DEFAULT_TIMEOUT < cell_timeout, (options.DEFAULT_TIMEOUT, cell_timeout)

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from parlab.grading.classgrade import run as scheduler
-from class_course import (add_students, gradebook_scores, make_course, notebook, serial_autograde, submit,
+from class_course import (add_students, blanked_feedback, gradebook_scores, make_course, notebook, serial_autograde, submit,
                           tool_env, with_changed_cell_id)
 from nbgrader_harness import TOKEN_VAR, leftover_processes
 from wrong_answers import lab00 as wrong
@@ -134,33 +134,17 @@ def test_one_score_per_cell(courses):
     assert per_student == len(GOOD) and grades == cells * len(GOOD)
 
 
-#: Numbers the notebook's cells print are partly measured (durations, rates, memory), so they
-#: differ run to run, and more so on a loaded machine; every score is compared exactly in
-#: test_scores_equal_serial, so here the numbers are blanked and the rest must match.
-#: The first rank to fail is the one named ("rank 1 failed"), a race, and a numbered prompt too:
-#: the cell that kills the kernel shows "In [7]" or "In [ ]" by whether the kernel's
-#: execute_input message got out before it died (seen: serial 7, parallel blank).
-DURATION = re.compile(r"In\xa0\[[^\]]*\]|\d+(\.\d+)?(e[-+]?\d+)?( m?s\b)?")
-#: What the other ranks were doing when the first one failed is a race too (seen: serial
-#: "rank 1: raised NotImplementedError", parallel "rank 1: still starting up").
-OTHER_RANK = re.compile(r"(?m)^  rank T: [^<\n]*")
-
-
-def _blanked(html: str) -> str:
-    return OTHER_RANK.sub("  rank T: …", DURATION.sub("T", html))
-
-
 def test_feedback_matches_serial(courses):
     """The same HTML as nbgrader's, once the numbers the cells printed are blanked."""
     serial, parallel, _ = courses
     for student in GOOD:
         name = f"feedback/{student}/{LAB}/{LAB}.html"
-        want, got = (_blanked((root / name).read_text()) for root in (serial, parallel))
+        want, got = (blanked_feedback((root / name).read_text()) for root in (serial, parallel))
         at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         assert got == want, (f"{student}'s feedback differs from nbgrader's at character {at}: "
                              f"parlab grade {got[max(0, at - 200):at + 200]!r} | nbgrader {want[max(0, at - 200):at + 200]!r}")
-        assert DURATION.sub("T", "in 4.9 s, in 2 ms, 3e9 B") == "in T, in T, T B"
-        assert _blanked("The other ranks:\n  rank 1: still starting up</pre>") == \
+        assert blanked_feedback("in 4.9 s, in 2 ms, 3e9 B") == "in T, in T, T B"
+        assert blanked_feedback("The other ranks:\n  rank 1: still starting up</pre>") == \
             "The other ranks:\n  rank T: …</pre>"
 
 

@@ -13,7 +13,7 @@ import parlab
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))  # this module's folder: the fresh interpreter imports it by name
 
 
 def test_names_work_in_a_fresh_interpreter():

@@ -1,8 +1,8 @@
 """parlab.parallel.mesh: the pure rank <-> (p, d, t) mapping, checked against
 ``torch.arange(world).view(pp, dp, tp)`` (the same layout ``init_device_mesh``
-builds; tests/test_mesh_device.py compares with its process groups), and
+builds; tests/ranks/test_mesh_device.py compares with its process groups), and
 which axes cross nodes on a launch's real nodes (``NodeLayout``; the ranks of
-a real two-agent launch read theirs in tests/test_launch_multinode.py)."""
+a real two-agent launch read theirs in tests/ranks/test_launch_multinode.py)."""
 import itertools
 
 import pytest

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(200)]
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "builtins.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "builtins.py"
 PAIRS = ("ring_all_reduce", "BucketedDP", "ParallelMLP", "one_f_one_b_step", "ZeRO3")
 
 

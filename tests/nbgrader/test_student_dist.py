@@ -23,7 +23,7 @@ import sys
 import pytest
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(240)]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 #: Solution lines that the package holds too, by lab.  Most are idioms any code writes; the
 #: ones marked (reveals) are a reference implementation in the package equal to the answer.

@@ -16,7 +16,7 @@ them; the attacks are listed there).  Then:
   run's token or under a box's uid.
 
 tests/slurm/test_grade_hostile_slurm.py checks the same through
-``parlab grade --slurm``, tests/test_hostile_non_root.py a part of it as an
+``parlab grade --slurm``, tests/nbgrader/test_hostile_non_root.py a part of it as an
 unprivileged user.
 """
 from __future__ import annotations

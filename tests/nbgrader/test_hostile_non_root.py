@@ -1,6 +1,6 @@
 """Hostile submissions graded by an instructor who is not root: bwrap in a user namespace, no uid of its own.
 
-A throw-away Unix user (test_shared_host.py's ``users``: made with useradd,
+A throw-away Unix user (unix_users.py's ``users``: made with useradd,
 removed afterwards) owns a copy of the hostile course and runs ``parlab
 grade --workers 2`` on part of the class of hostile_submissions.py: h1
 (writes the checks and the gradebook it owns, reads the solutions and
@@ -34,7 +34,7 @@ from hostile_submissions import (  # noqa: F401 - the shared tests, run on this 
     test_course_tree_and_code_unchanged, test_every_submission_graded, test_nothing_left_running,
     test_nothing_reached_leaks_into_outputs_or_feedback)
 from nbgrader_harness import TOKEN_VAR
-from test_shared_host import as_user, users  # noqa: F401 - users is the throw-away users' fixture
+from unix_users import as_user, users  # noqa: F401 - users is the throw-away users' fixture
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(1200)]
 

@@ -9,7 +9,7 @@ on one gloo rank, which is the GPU tier's world-size-1 test with gloo for NCCL.
 import pytest
 
 import parlab
-from solutions import checked_answers, one_rank_exercises, resolve_check, solution_answers
+from lab_solutions import checked_answers, one_rank_exercises, resolve_check, solution_answers
 from strict import strict_ranks, wrong_device_then_right  # noqa: F401 - fixture
 from train_step import sgd_step
 

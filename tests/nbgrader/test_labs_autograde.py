@@ -35,7 +35,7 @@ def course(request, tmp_path_factory):
     """Every selected lab generated and autograded in one go: {lab: result}.
 
     The blank is the student version generated in the same run (whether the
-    committed labs/ matches it is tests/test_labs_release.py's business).
+    committed labs/ matches it is tests/nbgrader/test_labs_release.py's business).
     Only the labs whose tests were selected (``-k 06``) are graded.
     """
     here = request.node.path

@@ -67,7 +67,7 @@ def test_no_plan_is_predicted_above_the_best_published_mfu():
 def test_the_band_is_measured_both_ways_and_docs_state_it():
     from pathlib import Path
 
-    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "planner.md").read_text().split())
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text().split())
     before, after = planner_published.error_band(), planner_published.error_band(calibrated_time=True)
     found = planner_published.ratios(calibrated_time=True)
     assert after == max(abs(found[r.name] - 1) for r in planner_published.RUNS if not r.miss)
@@ -77,7 +77,7 @@ def test_the_band_is_measured_both_ways_and_docs_state_it():
 
 
 def table() -> str:
-    """docs/planner.md's calibrated table (``python tests/test_planner_calibrated.py``)."""
+    """docs/planner.md's calibrated table (``python tests/unit/test_planner_calibrated.py``)."""
     default, found = planner_published.ratios(), planner_published.ratios(calibrated_time=True)
     rows = ["| run | calibrated ÷ reported | default ÷ reported | known miss |", "|---|---|---|---|"]
     for r in planner_published.RUNS:

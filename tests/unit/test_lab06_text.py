@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "solutions" / "06-3d-parallel" / "06-3d-parallel.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "06-3d-parallel" / "06-3d-parallel.ipynb"
 # Numbers the prose cites from outside the notebook (with their source in the prose itself).
 CITED = {"6.4", "2,048", "5,762", "1.73", "3.1"}
 NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?![\d,])|(?<![\w.])\d+\.\d+(?!\d)")

@@ -19,7 +19,7 @@ from parlab import cost, planner, planner_band, planner_frameworks, planner_publ
 
 pytestmark = pytest.mark.unit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SLIDES = REPO / "slides"
 
 
