@@ -44,6 +44,7 @@ def pytest_configure(config):
     }
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: {descriptions[tier]}")
+    config.addinivalue_line("markers", "no_rows: a generic answer-suite test over a table the lab leaves empty")
 
 
 def _cuda_reason() -> str | None:
@@ -108,6 +109,11 @@ def _hub_reason() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # tests/answer_suite.py: a generic test over a table the lab leaves empty does not exist there
+    empty = [item for item in items if item.get_closest_marker("no_rows")]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [item for item in items if not item.get_closest_marker("no_rows")]
     untiered = sorted({item.nodeid.split("::")[0] for item in items
                        if not any(item.get_closest_marker(t) for t in TIERS)})
     if untiered:

@@ -1,8 +1,10 @@
 """Typical wrong answers to Lab 06's exercises (mesh coordinates, sub-group all-reduces, DP sync).
 
-``WRONG`` maps each exercise of ``parlab.grading.lab06.EXERCISES`` to a list
-of (fixture, words the check's message must contain).  tests/ranks/test_lab06.py
-runs every fixture, batched into one launch per world size.
+The four tables of tests/answer_suite.py: ``CORRECT`` (right answers written
+differently from the notebook's), ``WRONG``, ``ALONE`` (graded one at a time),
+each keyed by the exercises of ``parlab.grading.lab06.EXERCISES``; a wrong
+answer comes with the words the check's message must contain.
+tests/ranks/test_lab06.py runs every fixture, batched into one launch per world size.
 """
 import torch
 import torch.distributed as dist
@@ -150,6 +152,19 @@ def mesh_world_sum(t, axis, dp, tp):
     return t
 
 
+def mesh_all_reduce_twice(t, axis, dp, tp):
+    """Right numbers the wrong way: the group from the DeviceMesh, the sum made by two
+    all-reduces of half the tensor's value each."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    group = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")).get_group(axis)
+    half = t / 2
+    dist.all_reduce(half, group=group)
+    t.sub_(t / 2)                      # the other half, in place
+    dist.all_reduce(t, group=group)
+    return t.add_(half)
+
+
 # ------------------------------------------------------------ exercise 3: DP sync in 2-D training
 def sync_over_world(model, dp_group):
     n = dist.get_world_size()
@@ -163,6 +178,15 @@ def sync_no_divide(model, dp_group):
         dist.all_reduce(p.grad, group=dp_group)
 
 
+def sync_then_world_barrier(model, dp_group):
+    """Right gradients, then a barrier over the whole world "to be safe": a collective off dp_group."""
+    n = dist.get_world_size(dp_group)
+    for p in model.parameters():
+        dist.all_reduce(p.grad, group=dp_group)
+        p.grad /= n
+    dist.barrier()
+
+
 def sync_divide_by_world(model, dp_group):
     for p in model.parameters():
         dist.all_reduce(p.grad, group=dp_group)
@@ -172,6 +196,119 @@ def sync_divide_by_world(model, dp_group):
 def sync_nothing(model, dp_group):
     pass
 
+
+# ------------------------------------------------------------ correct answers, written differently
+def coords_divmod(rank, pp, dp, tp):
+    rest, t = divmod(rank, tp)
+    p, d = divmod(rest, dp)
+    return p, d, t
+
+
+def coords_arange(rank, pp, dp, tp):
+    """Looks the rank up in torch.arange(world).view(pp, dp, tp); returns a list of ints."""
+    where = (torch.arange(pp * dp * tp).view(pp, dp, tp) == rank).nonzero()[0]
+    return [int(x) for x in where]
+
+
+def rank_of_horner(p, d, t, pp, dp, tp):
+    return (p * dp + d) * tp + t
+
+
+def rank_of_arange(p, d, t, pp, dp, tp):
+    return torch.arange(pp * dp * tp).view(pp, dp, tp)[p, d, t]  # a 0-d tensor
+
+
+def groups_loops(axis, pp, dp, tp):
+    """Groups in an unusual order (largest first), each group in rank order."""
+    out = {}
+    for r in range(pp * dp * tp):
+        p, d, t = coords_divmod(r, pp, dp, tp)
+        key = {"pp": (d, t), "dp": (p, t), "tp": (p, d)}[axis]
+        out.setdefault(key, []).append(r)
+    return sorted(out.values(), reverse=True)
+
+
+def groups_arange(axis, pp, dp, tp):
+    grid = torch.arange(pp * dp * tp).view(pp, dp, tp)
+    dim = {"pp": 0, "dp": 1, "tp": 2}[axis]
+    return [tuple(g) for g in grid.movedim(dim, -1).reshape(-1, grid.shape[dim]).tolist()]
+
+
+def axis_async_cached(t, axis, dp, tp):
+    """Creates every group once per (axis, dp, tp), keeps them, waits on an async all-reduce."""
+    key = (axis, dp, tp)
+    cache = axis_async_cached.__dict__.setdefault("groups", {})
+    if key not in cache:
+        lists = ([[d * tp + j for j in range(tp)] for d in range(dp)] if axis == "tp"
+                 else [[d * tp + j for d in range(dp)] for j in range(tp)])
+        cache[key] = {tuple(g): dist.new_group(g) for g in lists}
+    rank = dist.get_rank()
+    group = next(g for ranks, g in cache[key].items() if rank in ranks)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=True).wait()
+    return t
+
+
+def axis_reverse_order(t, axis, dp, tp):
+    """Creates the groups last to first (the same order on every rank) and returns nothing."""
+    lists = ([[d * tp + j for j in range(tp)] for d in range(dp)] if axis == "tp"
+             else [[d * tp + j for d in range(dp)] for j in range(tp)])
+    made = {tuple(g): dist.new_group(g) for g in reversed(lists)}
+    dist.all_reduce(t, group=next(g for ranks, g in made.items() if dist.get_rank() in ranks))
+
+
+def mesh_flattened_names(t, axis, dp, tp):
+    """Builds the mesh from the device type of t and reads the group by dimension index."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(t.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(t, group=mesh.get_group(mesh_dim=("dp", "tp").index(axis)))
+    return t
+
+
+def mesh_sub_mesh(t, axis, dp, tp):
+    """Takes the group from the 1-D slice of the mesh along the axis: mesh[axis].get_group()."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    dist.all_reduce(t, group=mesh[axis].get_group())
+    return t
+
+
+def sync_avg(model, dp_group):
+    """ReduceOp.AVG: sum and divide in one call (gloo accepts it in torch 2.13)."""
+    for p in model.parameters():
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=dp_group)
+
+
+def sync_flat(model, dp_group):
+    """One flat all-reduce of every gradient, then copied back."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=dp_group)
+    flat /= dist.get_world_size(group=dp_group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()
+
+
+def sync_async(model, dp_group):
+    """Launches every all-reduce, then waits and divides."""
+    n = dist.get_world_size(dp_group)
+    works = [(p, dist.all_reduce(p.grad, group=dp_group, async_op=True)) for p in model.parameters()]
+    for p, work in works:
+        work.wait()
+        p.grad.div_(n)
+
+
+CORRECT = {
+    "coords": [coords_divmod, coords_arange],
+    "rank_of": [rank_of_horner, rank_of_arange],
+    "groups": [groups_loops, groups_arange],
+    "axis": [axis_async_cached, axis_reverse_order],
+    "mesh": [mesh_flattened_names, mesh_sub_mesh],
+    "sync": [sync_flat, sync_async, sync_avg],
+}
 
 #: Run alone, through the public check: the ranks that created different groups crash or wait.
 ALONE = {"axis": [(axis_own_group_only, "even for the groups it is not in")]}
@@ -187,7 +324,9 @@ WRONG = {
              (axis_swapped, "sum along 'tp'"), (axis_returns_new, "in place"),
              (axis_world_then_subtract, "Make exactly one `dist.all_reduce`")],
     "mesh": [(mesh_dims_swapped, "init_device_mesh(device_type, (dp, tp)"), (mesh_by_new_group, "no `dist.new_group`"),
+             (mesh_all_reduce_twice, "Make exactly one `dist.all_reduce`"),
              (mesh_world_sum, "whole world")],
     "sync": [(sync_over_world, "averaged over the whole world"), (sync_no_divide, "dp times too large"),
-             (sync_divide_by_world, "divided by the world size"), (sync_nothing, "not averaged")],
+             (sync_divide_by_world, "divided by the world size"), (sync_nothing, "not averaged"),
+             (sync_then_world_barrier, "Communicate only over `dp_group`")],
 }

@@ -1,7 +1,8 @@
 """Answers to Lab 06's planner exercises: right ones written differently, and typical wrong ones.
 
-``CORRECT`` maps each exercise to answers that must pass; ``WRONG`` maps it
-to (fixture, words the check's message must contain).  The wrong planners
+Two of the four tables of tests/answer_suite.py: ``CORRECT`` maps each exercise
+to answers that must pass; ``WRONG`` maps it to (fixture, words the check's
+message must contain), and each must fail the hidden cases too.  The wrong planners
 share one search (``_search``) with the single mistake their name says.
 tests/unit/test_lab06_planner.py grades them all in one batch.
 """
@@ -280,8 +281,8 @@ def choose_without_reasons(work):
 
 
 CORRECT = {
-    "memory": {"memory": memory, "memory_by_hand": memory_by_hand},
-    "choose": {"choose": choose, "choose_with_product": choose_with_product},
+    "memory": [memory, memory_by_hand],
+    "choose": [choose, choose_with_product],
 }
 
 WRONG = {

@@ -1,0 +1,151 @@
+"""One suite for every lab's answers: the checks every lab's grading must pass, written once.
+
+A lab's answers module (``tests/wrong_answers/labNN.py``) holds four tables, each keyed by
+the lab's exercise names (``lab07.EXERCISES``' keys):
+
+- ``CORRECT``       ``{key: [answer, ...]}``: right answers written differently from the
+                    notebook's solution; they pass the visible and the hidden cases.
+- ``WRONG``         ``{key: [(answer, words), ...]}``: answers students really write; they fail
+                    the visible cases with a message containing ``words`` (a string, or a
+                    tuple of strings that must all appear).
+- ``WRONG_HIDDEN``  ``{key: [(answer, words), ...]}``: wrong answers that the visible cases
+                    cannot tell from right ones; they pass the visible cases and fail the
+                    hidden ones with ``words``.
+- ``ALONE``         ``{key: [(answer, words), ...]}``: wrong answers that hang or crash some
+                    ranks, graded one at a time through the exercise's public check (with
+                    ``alone_timeout``), so that they stop no other answer's launch.
+
+A lab's test module subclasses ``AnswerSuite`` and names its exercises and its answers::
+
+    class TestAnswers(AnswerSuite):
+        exercises = lab07.EXERCISES
+        answers = wrong_answers.lab07
+
+and adds only what is particular to the lab.  The visible cases of every answer but the
+``ALONE`` ones are graded in one ``harness.grade_batch`` call (one launch per world size),
+the hidden cases of ``CORRECT`` and ``WRONG_HIDDEN`` (``hidden_tables``) in another.  ``extra_visible`` adds
+exercises of the lab's own (a variant graded on more ranks) to the visible batch.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+import pytest
+
+from grading_reports import short_keys
+from parlab.grading import harness
+
+TABLES = ("CORRECT", "WRONG", "WRONG_HIDDEN", "ALONE")
+
+
+def _name(answer) -> str:
+    return answer.__name__
+
+
+def _says(message: str, words) -> bool:
+    return all(w in message for w in ((words,) if isinstance(words, str) else words))
+
+
+class AnswerSuite:
+    exercises: dict = {}           # key -> harness.Exercise
+    answers: ModuleType            # the lab's tests/wrong_answers module
+    alone_timeout: float = 30.0    # seconds for each ALONE answer's launch
+    hidden_tables: tuple = ("CORRECT", "WRONG_HIDDEN")  # graded on the hidden cases
+
+    # ------------------------------------------------------------ the tables
+    def table(self, name: str) -> dict:
+        return getattr(self.answers, name, {})
+
+    def extra_visible(self) -> dict:
+        """``{Exercise: {name: answer}}`` added to the visible batch; none by default."""
+        return {}
+
+    def breaks(self, rule, message: str) -> bool:
+        """Whether ``message`` (a wrong answer's) is the one that states ``rule``."""
+        return rule.says in message
+
+    def pytest_generate_tests(self, metafunc):
+        """Each generic test runs once per row of the table it names with ``@rows(TABLE)``."""
+        table = getattr(metafunc.function, "rows", None)
+        if table is None:
+            return
+        found = self.table(table)
+        if table == "CORRECT":
+            rows = [(key, a, None) for key, answers in found.items() for a in answers]
+        else:
+            rows = [(key, a, words) for key, pairs in found.items() for a, words in pairs]
+        if not rows:  # the lab has no such answers: the test is deselected (tests/conftest.py)
+            metafunc.parametrize("key,answer,words", [pytest.param(None, None, None, marks=pytest.mark.no_rows)])
+            return
+        metafunc.parametrize("key,answer,words", rows, ids=[f"{k}-{_name(a)}" for k, a, _ in rows])
+
+    # ------------------------------------------------------------ the two batches
+    def _batch(self, tables: tuple[str, ...]) -> dict:
+        batch: dict = {}
+        for table in tables:
+            for key, rows in self.table(table).items():
+                answers = rows if table == "CORRECT" else [a for a, _ in rows]
+                batch.setdefault(self.exercises[key], {}).update({_name(a): a for a in answers})
+        return batch
+
+    @pytest.fixture(scope="class")
+    def visible(self) -> dict:
+        batch = self._batch(("CORRECT", "WRONG", "WRONG_HIDDEN"))
+        for ex, answers in self.extra_visible().items():
+            batch.setdefault(ex, {}).update(answers)
+        return short_keys(harness.grade_batch(batch))
+
+    @pytest.fixture(scope="class")
+    def hidden(self) -> dict:
+        return short_keys(harness.grade_batch(self._batch(self.hidden_tables), hidden=True))
+
+    # ------------------------------------------------------------ the generic checks
+    def test_the_tables_name_the_labs_exercises(self):
+        for table in TABLES:
+            unknown = set(self.table(table)) - set(self.exercises)
+            assert not unknown, f"{table} names exercises the lab does not have: {sorted(unknown)}"
+        for key in self.exercises:
+            assert self.table("CORRECT").get(key), f"no correct answer written differently for {key!r}"
+            assert self.table("WRONG").get(key) or self.table("ALONE").get(key), f"no wrong answer for {key!r}"
+
+    def test_correct_answer_passes_visible_and_hidden(self, visible, hidden, key, answer, words):
+        assert visible[(key, _name(answer))] is None, visible[(key, _name(answer))]
+        assert hidden[(key, _name(answer))] is None, hidden[(key, _name(answer))]
+
+    test_correct_answer_passes_visible_and_hidden.rows = "CORRECT"
+
+    def test_wrong_answer_fails_visible_naming_its_mistake(self, visible, key, answer, words):
+        message = visible[(key, _name(answer))]
+        assert message is not None, f"{_name(answer)} passed the visible {key} check"
+        assert _says(message, words), message
+
+    test_wrong_answer_fails_visible_naming_its_mistake.rows = "WRONG"
+
+    def test_wrong_only_on_hidden_passes_visible_and_fails_hidden(self, visible, hidden, key, answer, words):
+        assert visible[(key, _name(answer))] is None, visible[(key, _name(answer))]
+        message = hidden[(key, _name(answer))]
+        assert message is not None, f"{_name(answer)} passed the hidden {key} check"
+        assert _says(message, words), message
+
+    test_wrong_only_on_hidden_passes_visible_and_fails_hidden.rows = "WRONG_HIDDEN"
+
+    def test_graded_alone_fails_naming_its_mistake(self, key, answer, words):
+        check = harness.checker(self.exercises[key], "")
+        with pytest.raises(AssertionError) as failed:
+            check(answer, timeout=self.alone_timeout)
+        assert _says(str(failed.value), words), str(failed.value)
+
+    test_graded_alone_fails_naming_its_mistake.rows = "ALONE"
+
+    def test_every_stated_rule_is_broken_by_some_wrong_answer(self, visible, hidden):
+        """A rule no wrong answer breaks is a rule the tests never saw enforced."""
+        messages = {key: [] for key in self.exercises}
+        for table, report in (("WRONG", visible), ("WRONG_HIDDEN", hidden)):
+            for key, pairs in self.table(table).items():
+                messages[key] += [report[(key, _name(a))] or "" for a, _ in pairs]
+        for key, pairs in self.table("ALONE").items():  # their messages hold their words: the test above
+            messages[key] += [" ".join((words,) if isinstance(words, str) else words) for _, words in pairs]
+        for key, ex in self.exercises.items():
+            for rule in ex.rules:
+                assert any(self.breaks(rule, m) for m in messages[key]), \
+                    f"no wrong answer for {key!r} breaks its rule {rule.says!r}"
