@@ -8,10 +8,11 @@ so the tensor-parallel coordinate varies fastest.  Consecutive ranks share a
 node (a launcher numbers the GPUs of one node consecutively), so a TP group
 of up to 8 ranks sits inside one NVLink node, where TP's per-layer
 all-reduces need the bandwidth.  DP and then PP are the outer axes.  This is
-the order of Megatron-LM's rank generator ("tp-dp-pp", fastest first), of
-picotron's grid (tp last) and of
+the order of Megatron-LM's rank generator ("tp-dp-pp", fastest first) and of
 ``init_device_mesh(device_type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))``,
-whose groups the tests compare with these.
+whose groups the tests compare with these.  picotron's grid,
+``arange(world).view(dp, pp, cp, tp)``, also varies TP fastest but puts DP
+outermost and PP inside it: the same TP groups, different DP and PP groups.
 
 A *group along an axis* is the set of ranks that share the other two
 coordinates: the TP group of rank r holds the ranks with r's p and d.
