@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from parlab.parallel.mesh import AXES, Coords, Mesh
+from parlab.parallel.mesh import AXES, Coords, Grid, Mesh
 from parlab.parallel.node_layout import NodeLayout
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -83,6 +83,55 @@ def test_bad_ranks_coordinates_and_axes():
         mesh.groups("cp")
     with pytest.raises(ValueError, match="axis must be one of"):
         mesh.group_of(0, "TP")
+
+
+# ----------------------------------------------------------------- any number of axes
+
+GRIDS = [dict(dp=3), dict(dp=2, ep=2), dict(pp=2, dp=3, cp=2, tp=2), dict(pp=2, dp=1, ep=4, cp=1, tp=2),
+         dict(a=2, b=3, c=1, d=2, e=2)]
+
+
+@pytest.mark.parametrize("axes", GRIDS, ids=lambda a: "x".join(f"{k}{v}" for k, v in a.items()))
+def test_a_grid_of_any_axes_is_arange_view(axes):
+    sizes = tuple(axes.values())
+    world = torch.arange(torch.Size(sizes).numel()).view(sizes)
+    g = Grid.of(**axes)
+    assert g.world_size == world.numel() and g.names == tuple(axes)
+    for index in itertools.product(*map(range, sizes)):
+        rank = int(world[index])
+        assert g.coords(rank) == dict(zip(axes, index)) and g.rank_of(**dict(zip(axes, index))) == rank
+    for dim, axis in enumerate(axes):
+        rows = world.movedim(dim, -1).reshape(-1, sizes[dim]).tolist()
+        assert g.groups(axis) == sorted(rows)
+        assert g.stride(axis) == world.stride(dim)
+
+
+def test_the_3d_mesh_is_the_grid_pp_dp_tp():
+    for shape in SHAPES:
+        mesh = Mesh(*shape)
+        assert mesh.grid == Grid.of(pp=shape[0], dp=shape[1], tp=shape[2])
+        assert all(tuple(mesh.coords(r)) == tuple(mesh.grid.coords(r).values()) for r in range(mesh.world_size))
+
+
+def test_expert_groups_of_a_dp_ep_grid_are_consecutive_ranks():
+    g = Grid.of(dp=2, ep=4)
+    assert g.groups("ep") == [[0, 1, 2, 3], [4, 5, 6, 7]] and g.groups("dp") == [[r, r + 4] for r in range(4)]
+    assert g.placement(NodeLayout(2, 4)) == {"dp": 2, "ep": 1}
+
+
+def test_bad_grids_get_clear_errors():
+    with pytest.raises(ValueError, match="ep must be a positive int"):
+        Grid.of(dp=2, ep=0)
+    with pytest.raises(ValueError, match="axis names must differ"):
+        Grid(("dp", "dp"), (2, 2))
+    with pytest.raises(ValueError, match="one size per axis name"):
+        Grid(("dp",), (2, 2))
+    with pytest.raises(ValueError, match="give one coordinate per axis of Grid\\(dp=2, ep=2\\): dp, ep"):
+        Grid.of(dp=2, ep=2).rank_of(dp=1)
+    with pytest.raises(ValueError, match="ep must be an int from 0 to 1 for Grid"):
+        Grid.of(dp=2, ep=2).rank_of(dp=1, ep=2)
+    with pytest.raises(ValueError, match="axis must be one of 'dp', 'ep', got 'tp'"):
+        Grid.of(dp=2, ep=2).groups("tp")
 
 
 # ----------------------------------------------------------------- real nodes

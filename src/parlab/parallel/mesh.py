@@ -1,6 +1,15 @@
-"""The 3-D device mesh: which rank sits at which (pipeline, data, tensor) coordinate.
+"""Device meshes: which rank sits at which coordinate of named axes.
 
-Ranks are laid out as ``torch.arange(world).view(pp, dp, tp)``::
+``Grid`` is the one model: any number of named axes, outermost first, the
+last varying fastest, ranks numbered as ``torch.arange(world).view(*sizes)``
+(and as ``init_device_mesh(device_type, sizes, mesh_dim_names=names)``).
+Lab 07's expert-parallel mesh is ``Grid.of(dp=2, ep=2)``; the planner's
+boundary placement reads a 5-axis one, ``Grid.of(pp=, dp=, ep=, cp=, tp=)``
+(Megatron-LM's "tp-cp-ep-dp-pp", fastest first, with DP counted as the
+replicas outside EP).  ``Mesh`` is the lecture's 3-D case, with named
+coordinates (p, d, t).
+
+The 3-D mesh's ranks are laid out as ``torch.arange(world).view(pp, dp, tp)``::
 
     rank = p·(dp·tp) + d·tp + t
 
@@ -35,9 +44,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["AXES", "Coords", "Mesh"]
+__all__ = ["AXES", "Coords", "Grid", "Mesh"]
 
-#: Axis names, outermost first: the order of the mesh's dimensions.
+#: The 3-D mesh's axis names, outermost first: the order of its dimensions.
 AXES = ("pp", "dp", "tp")
 
 
@@ -55,9 +64,101 @@ def _size(name: str, value) -> int:
     return value
 
 
+def _index(name: str, value, size: int, where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+        raise ValueError(f"{name} must be an int from 0 to {size - 1} for {where}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Ranks on named axes of the given sizes, outermost first; the last axis varies fastest.
+
+    rank = Σᵢ cᵢ · (nᵢ₊₁ · … · n_last), the index of ``torch.arange(world).view(*sizes)``.
+
+        >>> g = Grid.of(dp=2, ep=2)
+        >>> g.groups("ep"), g.groups("dp")
+        ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+        >>> g.coords(3), g.stride("dp")
+        ({'dp': 1, 'ep': 1}, 2)
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, **axes: int) -> Grid:
+        """The grid with these axes, outermost first in the order given: ``Grid.of(pp=2, dp=4, tp=8)``."""
+        return cls(tuple(axes), tuple(axes.values()))
+
+    def __post_init__(self) -> None:
+        if not self.names or len(self.names) != len(self.sizes):
+            raise ValueError(f"a grid needs one size per axis name, got names {self.names!r} and sizes {self.sizes!r}")
+        if len(set(self.names)) != len(self.names):
+            raise ValueError(f"axis names must differ, got {self.names!r}")
+        for name, size in zip(self.names, self.sizes):
+            _size(name, size)
+
+    def __str__(self) -> str:
+        return "Grid(" + ", ".join(f"{n}={s}" for n, s in zip(self.names, self.sizes)) + ")"
+
+    @property
+    def world_size(self) -> int:
+        out = 1
+        for size in self.sizes:
+            out *= size
+        return out
+
+    def axis(self, axis: str) -> int:
+        """The position of ``axis`` among the names, outermost 0; a clear error for a name not here."""
+        if axis not in self.names:
+            raise ValueError(f"axis must be one of {', '.join(map(repr, self.names))}, got {axis!r}")
+        return self.names.index(axis)
+
+    def stride(self, axis: str) -> int:
+        """How many ranks apart two neighbours along ``axis`` sit: the product of the sizes inside it."""
+        out = 1
+        for size in self.sizes[self.axis(axis) + 1:]:
+            out *= size
+        return out
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """{axis: index} of ``rank``."""
+        _index("rank", rank, self.world_size, self)
+        return {name: rank // self.stride(name) % size for name, size in zip(self.names, self.sizes)}
+
+    def rank_of(self, **coords: int) -> int:
+        """The rank at these coordinates (every axis named once)."""
+        if set(coords) != set(self.names):
+            raise ValueError(f"give one coordinate per axis of {self}: {', '.join(self.names)}; got {sorted(coords)}")
+        return sum(_index(name, coords[name], size, self) * self.stride(name)
+                   for name, size in zip(self.names, self.sizes))
+
+    def group_of(self, rank: int, axis: str) -> list[int]:
+        """The ranks that share every coordinate of ``rank`` except ``axis``, in rank order."""
+        size, step = self.sizes[self.axis(axis)], self.stride(axis)
+        first = rank - self.coords(rank)[axis] * step
+        return [first + i * step for i in range(size)]
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """Every group along ``axis``, ordered by the group's lowest rank."""
+        self.axis(axis)
+        return [self.group_of(rank, axis) for rank in range(self.world_size) if self.coords(rank)[axis] == 0]
+
+    def nodes_spanned(self, axis: str, layout) -> int:
+        """The most nodes that one group along ``axis`` touches on ``layout`` (1: it stays in a node)."""
+        if layout.world_size != self.world_size:
+            raise ValueError(f"{layout} holds {layout.world_size} ranks but {self} has {self.world_size}")
+        return max(len({layout.node_of(r) for r in group}) for group in self.groups(axis))
+
+    def placement(self, layout) -> dict[str, int]:
+        """{axis: nodes_spanned(axis, layout)}: which axes cross nodes, and over how many."""
+        return {axis: self.nodes_spanned(axis, layout) for axis in self.names}
+
+
 @dataclass(frozen=True)
 class Mesh:
-    """A pp × dp × tp mesh of ``pp·dp·tp`` ranks, TP innermost."""
+    """A pp × dp × tp mesh of ``pp·dp·tp`` ranks, TP innermost: the ``Grid`` (pp, dp, tp)."""
 
     pp: int = 1
     dp: int = 1
@@ -92,11 +193,16 @@ class Mesh:
                              f"nodes. Choose a tp that divides {layout.per_node}.")
         return mesh
 
+    @property
+    def grid(self) -> Grid:
+        """This mesh as the general ``Grid`` of axes ``AXES``."""
+        return Grid(AXES, self.shape)
+
     def nodes_spanned(self, axis: str, layout) -> int:
         """The most nodes that one group along ``axis`` touches on ``layout`` (1: it stays in a node)."""
         if layout.world_size != self.world_size:
             raise ValueError(f"{layout} holds {layout.world_size} ranks but {self} has {self.world_size}")
-        return max(len({layout.node_of(r) for r in group}) for group in self.groups(_axis(axis)))
+        return self.grid.nodes_spanned(axis, layout)
 
     def placement(self, layout) -> dict[str, int]:
         """{axis: nodes_spanned(axis, layout)}: which axes cross nodes, and over how many."""
@@ -113,38 +219,20 @@ class Mesh:
 
     def coords(self, rank: int) -> Coords:
         """(p, d, t) of ``rank``."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
-            raise ValueError(f"rank must be an int from 0 to {self.world_size - 1} for {self}, "
-                             f"got {rank!r}")
-        return Coords(p=rank // (self.dp * self.tp), d=rank // self.tp % self.dp, t=rank % self.tp)
+        _index("rank", rank, self.world_size, self)
+        return Coords(*self.grid.coords(rank).values())
 
     def rank_of(self, p: int, d: int, t: int) -> int:
         """The rank at (p, d, t): p·dp·tp + d·tp + t."""
         for name, value, size in (("p", p, self.pp), ("d", d, self.dp), ("t", t, self.tp)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-                raise ValueError(f"{name} must be an int from 0 to {size - 1} for {self}, got {value!r}")
-        return (p * self.dp + d) * self.tp + t
+            _index(name, value, size, self)
+        return self.grid.rank_of(pp=p, dp=d, tp=t)
 
     def group_of(self, rank: int, axis: str) -> list[int]:
         """The ranks that share every coordinate of ``rank`` except ``axis``, in rank order."""
-        here = self.coords(rank)._asdict()
-        key = _axis(axis)[0]  # "tp" -> "t"
-        out = []
-        for i in range(getattr(self, axis)):
-            here[key] = i
-            out.append(self.rank_of(**here))
-        return out
+        self.coords(rank)
+        return self.grid.group_of(rank, axis)
 
     def groups(self, axis: str) -> list[list[int]]:
         """Every group along ``axis``, ordered by the group's lowest rank."""
-        seen: dict[int, list[int]] = {}
-        for rank in range(self.world_size):
-            group = self.group_of(rank, axis)
-            seen.setdefault(group[0], group)
-        return list(seen.values())
-
-
-def _axis(axis) -> str:
-    if axis not in AXES:
-        raise ValueError(f"axis must be one of {', '.join(map(repr, AXES))}, got {axis!r}")
-    return axis
+        return self.grid.groups(axis)

@@ -16,8 +16,9 @@ its group); the router's gradients summed over the ranks against the
 reference's sum (data parallelism's all-reduce would sum them; the layer
 itself leaves them per rank).
 
-Some cases cut the world into groups of ``group_size`` consecutive ranks and
-pass each rank its group (as section 6's mesh does); one gives the ranks
+Some cases cut the world into groups of ``group_size`` consecutive ranks, the
+EP groups of ``Grid.of(dp=n // group_size, ep=group_size)``, and pass each rank
+its group (as section 6's (dp, ep) device mesh does); one gives the ranks
 different numbers of tokens (``uneven``); one has E not divisible by the
 group's size, where constructing the layer must raise a ValueError that names
 both numbers.
@@ -30,6 +31,7 @@ import torch
 
 from ... import check
 from ...models.moe import tiny_moe
+from ...parallel.mesh import Grid
 from ..harness import Graded, Rule
 from . import recorder
 
@@ -127,14 +129,13 @@ _GROUPS: dict = {}
 
 
 def _group(case: MoECase, rank: int, n: int):
-    """This rank's group under ``case.group_size``; every rank makes every group once per launch."""
+    """This rank's EP group under ``case.group_size``; every rank makes every group once per launch."""
+    grid = Grid.of(dp=n // case.group_size, ep=case.group_size)
     if case.group_size not in _GROUPS:
         import torch.distributed as dist
 
-        made = [dist.new_group(list(range(first, first + case.group_size)))
-                for first in range(0, n, case.group_size)]
-        _GROUPS[case.group_size] = made
-    return _GROUPS[case.group_size][rank // case.group_size]
+        _GROUPS[case.group_size] = [dist.new_group(ranks) for ranks in grid.groups("ep")]
+    return _GROUPS[case.group_size][grid.coords(rank)["dp"]]
 
 
 # ---------------------------------------------------------------- on the ranks
