@@ -50,6 +50,7 @@ class AnswerSuite:
     exercises: dict = {}           # key -> harness.Exercise
     answers: ModuleType            # the lab's tests/wrong_answers module
     alone_timeout: float = 30.0    # seconds for each ALONE answer's launch
+    batch_timeout: float | None = None  # seconds for each batch launch; None: the exercises' own
     hidden_tables: tuple = ("CORRECT", "WRONG_HIDDEN")  # graded on the hidden cases
 
     # ------------------------------------------------------------ the tables
@@ -93,11 +94,12 @@ class AnswerSuite:
         batch = self._batch(("CORRECT", "WRONG", "WRONG_HIDDEN"))
         for ex, answers in self.extra_visible().items():
             batch.setdefault(ex, {}).update(answers)
-        return short_keys(harness.grade_batch(batch))
+        return short_keys(harness.grade_batch(batch, timeout=self.batch_timeout))
 
     @pytest.fixture(scope="class")
     def hidden(self) -> dict:
-        return short_keys(harness.grade_batch(self._batch(self.hidden_tables), hidden=True))
+        return short_keys(harness.grade_batch(self._batch(self.hidden_tables), hidden=True,
+                                              timeout=self.batch_timeout))
 
     # ------------------------------------------------------------ the generic checks
     def test_the_tables_name_the_labs_exercises(self):
