@@ -13,7 +13,8 @@
 rules of the parallel layers, whose exercises are in ``linear`` (2),
 ``mlp_attention`` (3, 4) and ``sequence`` (5); ``tp_bytes`` exercise 6.
 ``cases`` is the test input and the single-process reference every layer is
-judged against, ``records`` what the rules read from the spy's record.
+judged against.  The rules read the spy's record through ``grading.records``;
+what leaves a rank goes through ``grading.plain``.
 """
 from __future__ import annotations
 

@@ -137,8 +137,3 @@ def reference(case: Case) -> dict:
     named = dict(full.named_parameters())
     return {"y": y.detach(), "dx": x.grad, "params": {k: p.detach() for k, p in named.items()},
             "grads": {k: p.grad for k, p in named.items()}, "module": full, "x": x.detach()}
-
-
-def cpu_copy(t):
-    """What a rank sends home for a tensor: a detached CPU copy (None for anything else)."""
-    return t.detach().cpu().clone() if isinstance(t, torch.Tensor) else None

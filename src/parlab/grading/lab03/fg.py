@@ -16,8 +16,9 @@ import torch
 
 from ... import check
 from ..harness import Exercise, Graded, Rule
-from .cases import HANG, TIMEOUT, Case, cpu_copy, seeded_tensor
-from .records import calls
+from ..plain import plain
+from ..records import calls, ops
+from .cases import HANG, TIMEOUT, Case, seeded_tensor
 
 VISIBLE_F = ((4, (Case("f", (3, 5)), Case("f", (2, 3, 4), groups="pairs"), Case("f", (7,), seed=1))),)
 VISIBLE_G = ((4, (Case("g", (3, 5)), Case("g", (2, 3, 4), groups="pairs"), Case("g", (7,), seed=1))),)
@@ -60,7 +61,7 @@ def run(cls, case: Case, i: int, spy) -> dict:
         spy.note("backward")
         if isinstance(y, torch.Tensor) and y.requires_grad:
             y.backward(dy)
-    return {"y": cpu_copy(y) if isinstance(y, torch.Tensor) else repr(y)[:100], "dx": cpu_copy(x.grad)}
+    return {"y": plain(y) if isinstance(y, torch.Tensor) else repr(y)[:100], "dx": plain(x.grad)}
 
 
 # ---------------------------------------------------------------- grader
@@ -121,9 +122,9 @@ def _hint(which: str, name: str, got, own, want, size: int, case: Case) -> str:
 def _one_all_reduce(which: str):
     def broken(records, case, n):
         for r, rec in enumerate(records):
-            forward, backward = calls(rec, False), calls(rec, True)
+            forward, backward = calls(rec, backward=False), calls(rec, backward=True)
             want_fwd, want_bwd = (0, 1) if which == "f" else (1, 0)
-            wrong = [c["op"] for c in rec["calls"] if c["op"] != "all_reduce"]
+            wrong = [op for op in ops(rec) if op != "all_reduce"]
             if wrong:
                 return f"rank {r} called dist.{wrong[0]}."
             if len(forward) != want_fwd or len(backward) != want_bwd:

@@ -11,7 +11,8 @@ dimension each one is split on) match, naming the likely mistake (a missing
 all-reduce, the wrong split dimension, a bias added on every rank, heads not
 reshaped, attention without the other positions).  The rules every layer
 states (shards only; a ``ValueError`` when the split is uneven) read the
-"built" and "uneven" events the runner notes.
+"built" and "uneven" events the runner notes; ``GATHERS`` and ``SCATTERS``
+name the collectives the layers' communication rules count.
 """
 from __future__ import annotations
 
@@ -22,9 +23,14 @@ import torch
 
 from ... import check
 from ..harness import Exercise, Graded, Rule
-from .cases import (HANG, INPUT_SPLIT, TIMEOUT, Case, cpu_copy, layer_input, mine, output_split,
-                    reference, reference_module, split_map, upstream)
-from .records import GATHERS, calls, event
+from ..plain import plain
+from ..records import event, ops
+from .cases import (HANG, INPUT_SPLIT, TIMEOUT, Case, layer_input, mine, output_split, reference,
+                    reference_module, split_map, upstream)
+
+#: The names an all-gather and a reduce-scatter go by in ``torch.distributed``.
+GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
+SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
 
 
 def exercise(key: str, answer: str, grade, visible: tuple, hidden: tuple, rules: tuple, **kw) -> Exercise:
@@ -71,8 +77,8 @@ def run(cls, case: Case, i: int, spy) -> dict:
             (y * dy.detach()).sum().backward()
     if norms:
         spy.note("layer_norm", shapes=norms)
-    return {"y": cpu_copy(y), "dx": cpu_copy(x.grad), "params": {k: cpu_copy(p) for k, p in params.items()},
-            "grads": {k: cpu_copy(p.grad) for k, p in params.items()}}
+    return {"y": plain(y), "dx": plain(x.grad), "params": {k: plain(p) for k, p in params.items()},
+            "grads": {k: plain(p.grad) for k, p in params.items()}}
 
 
 @contextlib.contextmanager
@@ -234,7 +240,7 @@ _SP_GATHER = ("attention ran without the other positions. All-gather the sequenc
 
 def _sp_hint(case: Case, got: list, ref: dict, n: int, records: list) -> str:
     for r, rec in enumerate(records):
-        first = next((c["op"] for c in calls(rec, False)), None)
+        first = next(iter(ops(rec, backward=False)), None)
         if first not in GATHERS:
             return (f"rank {r}'s first collective in forward was {first or 'none'}, not an all-gather: "
                     + _SP_GATHER)
@@ -336,8 +342,7 @@ def one_each(fwd_ops, bwd_ops, what):
         if not case.divisible(n):
             return None
         for r, rec in enumerate(records):
-            fwd = [c["op"] for c in calls(rec, False)]
-            bwd = [c["op"] for c in calls(rec, True)]
+            fwd, bwd = ops(rec, backward=False), ops(rec, backward=True)
             if fwd != fwd_ops or bwd != bwd_ops:
                 return (f"rank {r} made {fwd or 'no collective'} in forward and {bwd or 'no collective'} "
                         f"in backward; {what}.")

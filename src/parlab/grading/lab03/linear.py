@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 
 from ..harness import Rule
+from ..records import calls
 from .cases import Case
-from .layers import SHARDS_ONLY, exercise, grade_with_uneven, one_each, uneven_rule
-from .records import GATHERS, calls
+from .layers import GATHERS, SHARDS_ONLY, exercise, grade_with_uneven, one_each, uneven_rule
 
 VISIBLE_COLUMN = ((4, (Case("column", (2, 3, 6), 12), Case("column", (5, 10), 8, gather=True),
                        Case("column", (3, 7), 4, bias=False), Case("column", (2, 6), 10))),)
@@ -34,14 +34,14 @@ def _column_comm(records, case, n):
     shape = case.shape[:-1] + (case.features // n,)  # (..., out/n): this rank's columns of the output
     ok = {math.prod(shape), math.prod(shape) * n}
     for r, rec in enumerate(records):
-        fwd = calls(rec, False)
+        fwd = calls(rec, backward=False)
         if not case.gather and fwd:
             return f"rank {r} called dist.{fwd[0]['op']} in forward, with gather_output=False."
         for c in fwd:
             if c["op"] not in GATHERS or c["numel"] not in ok:
                 return (f"rank {r} called dist.{c['op']} on {c['numel']} elements in forward; the "
                         f"only gather is the output's ({math.prod(shape)} elements per rank).")
-        bwd = calls(rec, True)
+        bwd = calls(rec, backward=True)
         if [c["op"] for c in bwd] != ["all_reduce"]:
             return (f"rank {r} made {[c['op'] for c in bwd]} in backward; exactly one all-reduce, "
                     "of the input's gradient.")

@@ -10,9 +10,9 @@ and grader; the rules here read the collectives and those shapes.
 from __future__ import annotations
 
 from ..harness import Rule
+from ..records import calls, event, ops
 from .cases import Case
-from .layers import exercise, grade
-from .records import GATHERS, SCATTERS, calls, event
+from .layers import GATHERS, SCATTERS, exercise, grade
 
 VISIBLE = ((4, (Case("sp", (2, 8, 8), 4), Case("sp", (1, 12, 16), 8, seed=1),
                 Case("sp", (1, 4, 12), 4, seed=4))),)
@@ -21,10 +21,10 @@ HIDDEN = ((3, (Case("sp", (2, 9, 12), 3, seed=2), Case("sp", (1, 6, 18), 6, seed
 
 def _sp_comm(records, case, n):
     for r, rec in enumerate(records):
-        ops = [c["op"] for c in rec["calls"]]
-        if "all_reduce" in ops:
+        made = ops(rec)
+        if "all_reduce" in made:
             return f"rank {r} called dist.all_reduce."
-        odd = [op for op in ops if op not in GATHERS + SCATTERS]
+        odd = [op for op in made if op not in GATHERS + SCATTERS]
         if odd:
             return f"rank {r} called dist.{odd[0]}."
     return None
@@ -33,9 +33,8 @@ def _sp_comm(records, case, n):
 def _sp_counts(records, case, n):
     for r, rec in enumerate(records):
         for backward in (False, True):
-            made = calls(rec, backward)
-            gathers = sum(c["op"] in GATHERS for c in made)
-            scatters = sum(c["op"] in SCATTERS for c in made)
+            gathers = len(calls(rec, *GATHERS, backward=backward))
+            scatters = len(calls(rec, *SCATTERS, backward=backward))
             if (gathers, scatters) != (2, 2):
                 phase = "backward" if backward else "forward"
                 return (f"rank {r} made {gathers} all-gather(s) and {scatters} reduce-scatter(s) in "
