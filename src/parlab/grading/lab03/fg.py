@@ -52,8 +52,9 @@ def run(cls, case: Case, i: int, spy) -> dict:
 
     rank = dist.get_rank()
     group = _group(case)
-    x = seeded_tensor(case.shape, 10 * case.seed + rank).to(device()).requires_grad_()  # case.shape, this rank's own
-    dy = seeded_tensor(case.shape, _dy_seed(case, rank)).to(device())  # case.shape
+    # x and dy: (*case.shape), whole on every rank (f and g split nothing), each rank's own values
+    x = seeded_tensor(case.shape, 10 * case.seed + rank).to(device()).requires_grad_()
+    dy = seeded_tensor(case.shape, _dy_seed(case, rank)).to(device())
     inp = x * 1  # a non-leaf input, as inside a model
     spy.guard(x=inp, dy=dy)
     with spy.watch():

@@ -111,6 +111,8 @@ def settle(result: dict, case: Case, i: int, n: int) -> bool:
     if not isinstance(result.get("y"), torch.Tensor):
         return False
     rank, ref = dist.get_rank(), reference(case)
+    # the reference cut as this rank holds it: a split parameter (out/n, in) or (out, in/n), a split
+    # output (..., out/n) or (b, s/n, h); the sp block's replicated gradients are partial sums here
     pieces = [(result["y"], mine(ref["y"], output_split(case), rank, n)),
               (result["dx"], mine(ref["dx"], INPUT_SPLIT.get(case.kind), rank, n))]
     for name, dim in split_map(case).items():
