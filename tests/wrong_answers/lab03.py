@@ -1,14 +1,17 @@
-"""Typical wrong answers to Lab 03's exercises (tensor parallelism).
+"""Answers to Lab 03's exercises (tensor parallelism), right and typically wrong.
 
-``WRONG`` maps each exercise of ``parlab.grading.lab03.EXERCISES`` to a list
-of (fixture, words the check's message must contain).  The fixtures are the
+The tables of tests/answer_suite.py, keyed by ``parlab.grading.lab03.EXERCISES``:
+``CORRECT`` (right answers written differently from the notebook's: an async
+all-reduce, a detached sum, index arithmetic and the single-tensor
+collectives, attention written out, refusals in other words) and ``WRONG``
+(each with the words the check's message must contain).  The wrong ones are the
 mistakes students make: f and g swapped, the all-reduce missing in
 backward, the weight split along the wrong dimension, the bias of a
 row-parallel layer added on every rank, heads split without reshaping,
 unequal shards when the split is uneven, sequence parallelism without the
 gather before attention, and right numbers reached the wrong way (an
 all-gather of the full weight, an all-reduce in the sequence-parallel
-block).  tests/ranks/test_lab03.py runs every fixture.
+block).  tests/ranks/test_lab03.py runs every answer.
 """
 import torch
 import torch.distributed as dist
@@ -558,6 +561,234 @@ def bytes_elements(b, s, h, t, k=2):
     """Forgets bytes_per_element."""
     return 8 * b * s * h * (t - 1) / t
 
+
+# ------------------------------------------------ correct answers, written differently from the notebook's
+class f_async(torch.autograd.Function):
+    """Returns x itself in forward; backward waits on an async all-reduce."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad.contiguous().clone()
+        dist.all_reduce(out, group=ctx.group, async_op=True).wait()
+        return out, None
+
+
+class g_detached(torch.autograd.Function):
+    """Sums a detached copy; backward hands back a copy of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        total = x.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.clone(), None
+
+
+def _even(total: int, what: str, group=None) -> int:
+    n = dist.get_world_size(group)
+    if total % n != 0:
+        raise ValueError(f"{what} ({total}) must be divisible by the {n} tensor-parallel ranks")
+    return total // n
+
+
+class _GatherLast(torch.autograd.Function):
+    """All-gather along the last dim with all_gather_into_tensor (dim moved to the front)."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        ctx.group = group
+        n = dist.get_world_size(group)
+        front = y.movedim(-1, 0).contiguous()
+        out = torch.empty((n * front.shape[0],) + front.shape[1:], dtype=y.dtype, device=y.device)
+        dist.all_gather_into_tensor(out, front, group=group)
+        return out.movedim(0, -1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        n, r = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        size = grad.shape[-1] // n
+        return grad[..., r * size:(r + 1) * size], None
+
+
+class column_tensor_api(nn.Module):
+    """Weight rows by index arithmetic, bias kept None, gather with all_gather_into_tensor."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        super().__init__()
+        size = _even(linear.out_features, "out_features", group)
+        start = dist.get_rank(group) * size
+        self.group, self.gather_output = group, gather_output
+        self.weight = nn.Parameter(linear.weight.detach()[start:start + size].clone())
+        self.register_parameter("bias", None if linear.bias is None else
+                                nn.Parameter(linear.bias.detach()[start:start + size].clone()))
+
+    def forward(self, x):
+        x = f_async.apply(x, self.group)
+        y = x @ self.weight.t()
+        if self.bias is not None:
+            y = y + self.bias
+        return _GatherLast.apply(y, self.group) if self.gather_output else y
+
+
+class column_plain_words(column_tensor_api):
+    """Refuses an uneven split in its own words, naming both numbers, without 'divisible'."""
+
+    def __init__(self, linear, *, gather_output=False, group=None):
+        n = dist.get_world_size(group)
+        if linear.out_features % n:
+            raise ValueError(f"cannot split out_features={linear.out_features} evenly over {n} ranks")
+        super().__init__(linear, gather_output=gather_output, group=group)
+
+
+class row_matmul(nn.Module):
+    """x @ W_iᵀ with torch.matmul, g, then the bias."""
+
+    def __init__(self, linear, *, group=None):
+        super().__init__()
+        size = _even(linear.in_features, "in_features", group)
+        start = dist.get_rank(group) * size
+        self.group = group
+        self.weight = nn.Parameter(linear.weight.detach()[:, start:start + size].clone())
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):
+        y = g_detached.apply(torch.matmul(x, self.weight.t()), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class mlp_inline(nn.Module):
+    """f, two local matmuls and g written out, no separate layer classes for the work."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__()
+        self.group = group
+        self.up = column_tensor_api(mlp.up, group=group)
+        self.down = row_matmul(mlp.down, group=group)
+
+    def forward(self, x):
+        h = F.gelu(F.linear(f_async.apply(x, self.group), self.up.weight, self.up.bias))
+        y = g_detached.apply(F.linear(h, self.down.weight), self.group)
+        return y if self.down.bias is None else y + self.down.bias
+
+
+class attn_manual_softmax(nn.Module):
+    """Heads by reshape, attention written out with a causal mask instead of SDPA."""
+
+    def __init__(self, attn, group=None):
+        super().__init__()
+        self.group, self.head_dim = group, attn.head_dim
+        _even(attn.q.out_features // attn.head_dim, "n_head", group)
+        self.q = column_tensor_api(attn.q, group=group)
+        self.k = column_tensor_api(attn.k, group=group)
+        self.v = column_tensor_api(attn.v, group=group)
+        self.o = row_matmul(attn.o, group=group)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        x = f_async.apply(x, self.group)
+        q, k, v = (F.linear(x, m.weight, m.bias).reshape(B, T, -1, self.head_dim).permute(0, 2, 1, 3)
+                   for m in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-1, -2) / self.head_dim ** 0.5
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        y = (scores.masked_fill(mask, float("-inf")).softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, T, -1)
+        return self.o(y)
+
+
+class attn_plain_words(attn_manual_softmax):
+    """Refuses uneven heads in its own words, naming both numbers."""
+
+    def __init__(self, attn, group=None):
+        n, heads = dist.get_world_size(group), attn.q.out_features // attn.head_dim
+        if heads % n:
+            raise ValueError(f"n_head={heads} heads cannot be split evenly over {n} ranks")
+        super().__init__(attn, group)
+
+
+class _SeqGather(torch.autograd.Function):
+    """All-gather along dim 1 (all_gather_into_tensor); backward reduce_scatter_tensor."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        n = dist.get_world_size(group)
+        front = x.transpose(0, 1).contiguous()
+        out = torch.empty((n * front.shape[0],) + front.shape[1:], dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(out, front, group=group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        front = grad.transpose(0, 1).contiguous()
+        out = torch.empty((front.shape[0] // dist.get_world_size(ctx.group),) + front.shape[1:],
+                          dtype=grad.dtype, device=grad.device)
+        dist.reduce_scatter_tensor(out, front, group=ctx.group)
+        return out.transpose(0, 1), None
+
+
+class _SeqScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        front = x.transpose(0, 1).contiguous()
+        out = torch.empty((front.shape[0] // dist.get_world_size(group),) + front.shape[1:],
+                          dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(out, front, group=group)
+        return out.transpose(0, 1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _SeqGather.forward(ctx, grad, ctx.group), None
+
+
+class sp_tensor_api(nn.Module):
+    """SP with the single-tensor collectives along a transposed sequence dim."""
+
+    def __init__(self, block, group=None):
+        super().__init__()
+        self.group = group
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.attn = attn_manual_softmax(block.attn, group)
+        self.mlp = mlp_inline(block.mlp, group)
+
+    def _attn_partial(self, h):
+        a = self.attn
+        B, T, _ = h.shape
+        q, k, v = (F.linear(h, m.weight, m.bias).reshape(B, T, -1, a.head_dim).transpose(1, 2)
+                   for m in (a.q, a.k, a.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+        return F.linear(y, a.o.weight)
+
+    def forward(self, x):
+        a, m = self.attn, self.mlp
+        x = x + _SeqScatter.apply(self._attn_partial(_SeqGather.apply(self.ln1(x), self.group)), self.group)
+        x = x + a.o.bias
+        h = _SeqGather.apply(self.ln2(x), self.group)
+        part = F.linear(F.gelu(F.linear(h, m.up.weight, m.up.bias)), m.down.weight)
+        return x + _SeqScatter.apply(part, self.group) + m.down.bias
+
+
+def bytes_integer_first(b, s, h, t, k=2):
+    """Per all-reduce 2(t-1)/t·bsh elements, four of them, as an exact fraction first."""
+    from fractions import Fraction
+
+    return float(4 * Fraction(2 * (t - 1), t) * b * s * h * k)
+
+
+CORRECT = {
+    "f": [f_async], "g": [g_detached],
+    "column": [column_tensor_api, column_plain_words], "row": [row_matmul],
+    "mlp": [mlp_inline], "attn": [attn_manual_softmax, attn_plain_words],
+    "sp": [sp_tensor_api],
+    "bytes": [bytes_integer_first],
+}
 
 WRONG = {
     "f": [(f_is_g, "did you swap f and g"), (f_no_backward_all_reduce, "missing in backward"),

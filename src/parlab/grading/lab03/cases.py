@@ -4,9 +4,11 @@ A ``Case`` names a layer kind and its sizes; ``reference_module(case)`` is the
 full module every rank builds from the case's seed (float64, random biases
 and LayerNorm weights, from ``parlab.parallel.tp_reference``), and
 ``reference(case)`` runs it on one process: output, input gradient,
-parameters and their gradients.  ``SPLIT`` says along which dimension each
-parameter is sharded (None: whole on every rank).  Used by ``lab03`` (the
-ranks) and ``rules`` (the grader).
+parameters and their gradients.  ``split_map(case)`` says along which
+dimension each parameter is sharded (None: whole on every rank), and
+``mine`` cuts this rank's shard of a full tensor.  Used by every exercise
+module, on the ranks and in the graders, with the launch's ``TIMEOUT`` and
+the ``HANG`` hint every exercise gives when the ranks waited for each other.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
-SCATTERS = ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single")
+TIMEOUT = 90.0
+HANG = ("every rank of the group must make the same collectives in the same order: is a collective "
+        "skipped on some ranks, or made with a different group?")
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Case:
         return self.kind in ("f", "g", "mlp") or self.features % n == 0
 
 
-def _tensor(shape, seed: int) -> torch.Tensor:
+def seeded_tensor(shape, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g, dtype=torch.float64)
 
@@ -81,17 +84,17 @@ def _reference_module(case: Case) -> nn.Module:
     return {"mlp": block.mlp, "attn": block.attn}.get(case.kind, block)
 
 
-def _layer_input(case: Case) -> torch.Tensor:
+def layer_input(case: Case) -> torch.Tensor:
     shape = case.shape[:-1] + (case.features,) if case.kind == "row" else case.shape
-    return _tensor(shape, 1000 + case.seed)
+    return seeded_tensor(shape, 1000 + case.seed)
 
 
 def _out_shape(case: Case) -> tuple:
     return case.shape[:-1] + (case.features,) if case.kind == "column" else case.shape
 
 
-def _upstream(case: Case) -> torch.Tensor:
-    return _tensor(_out_shape(case), 2000 + case.seed)
+def upstream(case: Case) -> torch.Tensor:
+    return seeded_tensor(_out_shape(case), 2000 + case.seed)
 
 
 #: Per kind: parameter name -> dimension it is split on (None: replicated).
@@ -104,34 +107,32 @@ _SPLIT = {
 _SPLIT["sp"] = ({f"{ln}.{w}": None for ln in ("ln1", "ln2") for w in ("weight", "bias")}
                 | {f"attn.{k}": v for k, v in _SPLIT["attn"].items()}
                 | {f"mlp.{k}": v for k, v in _SPLIT["mlp"].items()})
-#: Where the input and the output are split (dimension), None: every rank holds all of it.
-_INPUT_SPLIT = {"row": -1, "sp": 1}
+#: Where the input is split (dimension), per kind; absent: every rank holds all of it.
+#: row: (..., in/n), this rank's slice of the input features; sp: (b, s/n, h), its positions.
+INPUT_SPLIT = {"row": -1, "sp": 1}
 
 
-def _split_map(case: Case) -> dict:
+def split_map(case: Case) -> dict:
     return {k: v for k, v in _SPLIT[case.kind].items() if case.bias or not k.endswith(".bias") and k != "bias"}
 
 
-def _output_split(case: Case):
+def output_split(case: Case):
+    """column: (..., out/n) unless gathered; sp: (b, s/n, h); else None, the full output on every rank."""
     if case.kind == "column" and not case.gather:
         return -1
     return 1 if case.kind == "sp" else None
 
 
-def _mine(t: torch.Tensor, dim, rank: int, n: int) -> torch.Tensor:
+def mine(t: torch.Tensor, dim, rank: int, n: int) -> torch.Tensor:
+    """This rank's shard of ``t``: its size along ``dim`` divided by n (all of ``t`` when dim is None)."""
     return t if dim is None else t.chunk(n, dim=dim)[rank].contiguous()
-
-
-def _dy_seed(case: Case, rank: int) -> int:
-    """f's upstream gradients differ per rank; g's are the same on every rank, as after g in a model."""
-    return 100 + 10 * case.seed + (rank if case.kind == "f" else 0)
 
 
 def reference(case: Case) -> dict:
     full = reference_module(case)
-    x = _layer_input(case).requires_grad_()
+    x = layer_input(case).requires_grad_()
     y = full(x)
-    dy = _upstream(case)
+    dy = upstream(case)
     (y * dy).sum().backward()
     named = dict(full.named_parameters())
     return {"y": y.detach(), "dx": x.grad, "params": {k: p.detach() for k, p in named.items()},

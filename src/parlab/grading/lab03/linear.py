@@ -1,0 +1,72 @@
+"""Lab 03, exercise 2: the column-parallel and the row-parallel linear layers.
+
+``ColumnParallelLinear(linear, gather_output=False, group=None)`` keeps rows
+of the weight (out_features/n of them) and its output is this rank's
+columns, all of them with ``gather_output``; ``RowParallelLinear(linear,
+group=None)`` keeps columns (in_features/n), takes this rank's slice of
+the input features and returns the full output.  Both run on ``layers``'
+runner and grader; the rules here read which collectives ran in forward and
+in backward, and an error from a weight shard that does not fit its input
+gets a hint about the split dimension.
+"""
+from __future__ import annotations
+
+import math
+
+from ..harness import Rule
+from ..records import calls
+from .cases import Case
+from .layers import GATHERS, SHARDS_ONLY, exercise, grade_with_uneven, one_each, uneven_rule
+
+VISIBLE_COLUMN = ((4, (Case("column", (2, 3, 6), 12), Case("column", (5, 10), 8, gather=True),
+                       Case("column", (3, 7), 4, bias=False), Case("column", (2, 6), 10))),)
+HIDDEN_COLUMN = ((2, (Case("column", (4, 9), 6, seed=3), Case("column", (1, 2, 5), 14, gather=True, seed=4),
+                      Case("column", (3, 4), 7, seed=5))),)
+VISIBLE_ROW = ((4, (Case("row", (2, 3, 5), 12), Case("row", (4, 6), 8, bias=False),
+                    Case("row", (2, 7), 10))),)
+HIDDEN_ROW = ((2, (Case("row", (3, 2, 4), 6, seed=3), Case("row", (5, 3), 14, seed=4),
+                   Case("row", (2, 3), 9, seed=5))),)
+
+
+def _column_comm(records, case, n):
+    if not case.divisible(n):
+        return None
+    shape = case.shape[:-1] + (case.features // n,)  # (..., out/n): this rank's columns of the output
+    ok = {math.prod(shape), math.prod(shape) * n}
+    for r, rec in enumerate(records):
+        fwd = calls(rec, backward=False)
+        if not case.gather and fwd:
+            return f"rank {r} called dist.{fwd[0]['op']} in forward, with gather_output=False."
+        for c in fwd:
+            if c["op"] not in GATHERS or c["numel"] not in ok:
+                return (f"rank {r} called dist.{c['op']} on {c['numel']} elements in forward; the "
+                        f"only gather is the output's ({math.prod(shape)} elements per rank).")
+        bwd = calls(rec, backward=True)
+        if [c["op"] for c in bwd] != ["all_reduce"]:
+            return (f"rank {r} made {[c['op'] for c in bwd]} in backward; exactly one all-reduce, "
+                    "of the input's gradient.")
+    return None
+
+
+def _shape_error(text: str) -> str:
+    if "cannot be multiplied" in text or "size of tensor" in text or "shape" in text:
+        return ("the weight shard does not fit the input: did you split the wrong dimension? "
+                "nn.Linear's weight is (out_features, in_features): a column-parallel layer keeps "
+                "rows (dim 0), a row-parallel layer keeps columns (dim 1) and gets this rank's slice "
+                "of the input features.")
+    return ""
+
+
+COLUMN = exercise("column", "ColumnParallelLinear", grade_with_uneven("out_features"),
+                  VISIBLE_COLUMN, HIDDEN_COLUMN,
+                  (SHARDS_ONLY,
+                   Rule("No all-gather of the full weight: forward communicates only to gather the output "
+                        "(with `gather_output=True`), and backward makes one all-reduce.", _column_comm),
+                   uneven_rule("out_features")),
+                  on_error=_shape_error)
+ROW = exercise("row", "RowParallelLinear", grade_with_uneven("in_features"), VISIBLE_ROW, HIDDEN_ROW,
+               (SHARDS_ONLY,
+                Rule("Forward makes exactly one all-reduce (of the output); backward makes none.",
+                     one_each(["all_reduce"], [], "one all-reduce in forward, none in backward")),
+                uneven_rule("in_features")),
+               on_error=_shape_error)
