@@ -45,6 +45,13 @@ What no framework runs (``unrunnable``):
   TP without sequence parallelism under EP: Megatron-Core raises "When using expert
         parallelism and tensor parallelism, sequence parallelism must be used"
         (megatron/core/model_parallel_config.py).
+  Block recomputation (``Plan.recompute_layers``, only K layers of each model chunk recomputed)
+        as Megatron-LM runs it: ``--recompute-granularity full --recompute-method block
+        --recompute-num-layers K`` (megatron/core/transformer/transformer_config.py: "block will
+        recompute the input activations for only a set number of transformer layers per pipeline
+        stage"; megatron/core/recompute.py checkpoints the first K layers of the block, one model
+        chunk under interleaving).  torchtitan's "selective layer" checkpointing (every k-th layer)
+        and DeepSpeed's (model code) choose their layers otherwise and are not priced: ZeRO-0/1.
   precision "zero16" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's accounting: DeepSpeed runs it
         with tp = cp = 1 (its own ``PipelineModule`` for pp > 1, ZeRO ≤ 1 there) and without
         interleaving (its pipeline schedule is plain 1F1B, deepspeed/runtime/pipe/schedule.py).
@@ -83,6 +90,8 @@ _CHECKS = {
     "FSDP's TP without SP": lambda p: p.precision == "fp32_grads" and p.zero >= 2 and p.tp > 1 and not p.sp,
     "EP with sharded gradients": lambda p: p.ep > 1 and p.zero >= 2,
     "EP's TP without SP": lambda p: p.ep > 1 and p.tp > 1 and not p.sp,
+    "block recomputation beyond Megatron-LM": lambda p: p.recompute_layers > 0 and (p.zero >= 2
+                                                                                  or p.precision == "zero16"),
     "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
                                                                      or (p.pp > 1 and p.zero >= 2)),
 }
@@ -110,6 +119,12 @@ RULES = (
          "parallelism are both on: use sp=True",
          "megatron/core/model_parallel_config.py (\"When using expert parallelism and tensor parallelism, "
          "sequence parallelism must be used\")"),
+    Rule("block recomputation beyond Megatron-LM",
+         "recompute_layers with ZeRO-{zero} (or precision \"zero16\"): the planner prices recomputing only some "
+         "layers as Megatron-LM's --recompute-method block runs it, with ZeRO-0/1 and fp32 gradients "
+         "(torchtitan's every-k-th-layer and DeepSpeed's are not modelled): use zero=1, or recompute_layers=0",
+         "megatron/core/transformer/transformer_config.py (recompute_method 'block', recompute_num_layers); "
+         "megatron/core/recompute.py (the first recompute_num_layers layers of the block checkpointed)"),
     Rule("zero16 beyond DeepSpeed",
          "precision \"zero16\" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's, which runs it without TP, CP or "
          "interleaving and with ZeRO <= 1 under its pipeline: use precision \"fp32_grads\" "
@@ -182,7 +197,10 @@ def _megatron(plan, work, layers) -> str:
         args.append("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
     elif plan.dp * plan.cp > 1:
         args.append("--overlap-grad-reduce")
-    if plan.recompute == "full":
+    if plan.recompute == "full" and plan.recompute_layers:
+        args.append(f"--recompute-granularity full --recompute-method block "
+                    f"--recompute-num-layers {plan.recompute_layers}")
+    elif plan.recompute == "full":
         args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     elif plan.recompute == "selective":
         args.append("--recompute-granularity selective")

@@ -29,11 +29,14 @@ Sources:
 
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
-(``Run.priced_as``).  torchtitan's "selective op" saves every matmul's output except every second
+(``Run.priced_as``).  Llama 3 405B's is not stated: it is priced under Megatron-LM's block recomputation of
+the fewest layers per model chunk that fit (``planner.fewest_recomputed``), the fastest the planner
+predicts for a plan that fits.  torchtitan's "selective op" saves every matmul's output except every second
 one, and SDPA's, and recomputes the rest (torchtitan 9dec370, parallelize_llama.py
 ``_custom_policy``); its "selective layer" fully recomputes every k-th layer
 (``selective_ac_option = 'k'``).  The planner's modes are none, Korthikanti's selective (the
-attention scores only, the same as none without stored scores) and full.
+attention scores only, the same as none without stored scores) and full, of every layer or of K layers
+per model chunk (``Plan.recompute_layers``, Megatron-LM's block method).
 
 Llama 3's data parallelism is FSDP that shards optimizer states and gradients and does not reshard
 the weights after forward (Dubey et al. 2024, §3.3.2).  It is priced as ZeRO-1: under PP with
@@ -87,9 +90,15 @@ def _palm(m: ModelSpec) -> float:
 
 
 LLAMA_405B_MISS = ("without recomputation the layout needs 101.7 GB (8,192 GPUs) and 87.6 GB (16,384) per "
-                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; with full "
-                   "recomputation it fits (25.4 and 24.2 GB) but is predicted at 0.70 and 0.68. The paper does "
-                   "not say which layers Meta recomputed; the planner has no partial mode (docs/planner.md)")
+                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; recomputing "
+                   "1 layer of each 2-layer model chunk (Megatron-LM's block method, the fewest that fits) it "
+                   "needs 63.8 and 56.2 GB and is predicted at 0.80 and 0.78, just outside the band; recomputing "
+                   "every layer, 25.4 and 24.2 GB and 0.70 and 0.68. The paper does not say which layers Meta "
+                   "recomputed, nor the interleaving (v=4 assumed: with fewer chunks per stage, fewer layers "
+                   "could be recomputed) (docs/planner.md)")
+LLAMA_405B_AC = ("full: of 1 layer per model chunk (--recompute-method block --recompute-num-layers 1), the "
+                 "fewest recomputed layers whose plan fits (planner.fewest_recomputed): the planner's fastest "
+                 "prediction that fits, not a fit to the reported figure (see miss)")
 
 
 TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
@@ -114,12 +123,12 @@ DSV3_MISS = ("priced under full recomputation (DeepSeek-V3 recomputes only RMSNo
 
 def _llama(gpus, dp, per_dp, tflops) -> Run:
     # first and last stage one layer fewer (Dubey et al. 2024 §3.3.2); interleaved schedule (v=4 assumed);
-    # full recomputation: the only mode under which the layout fits this planner's 34·sbh per layer
+    # block recomputation of the fewest layers that fit (LLAMA_405B_AC): without, the layout does not fit
     return Run(f"Llama 3 405B, {gpus:,} H100s (Dubey 2024, Table 4)", Workload(L405, P.H100_SXM(gpus), dp * per_dp),
                Plan(dp=dp, tp=8, pp=16, zero=1, micro_batch=1, accum=per_dp, recompute="full",
-                    stages=(7,) + (8,) * 14 + (7,), v=4),
+                    stages=(7,) + (8,) * 14 + (7,), v=4, recompute_layers=1),
                tflops * 1e12 * gpus / _palm(L405), miss=LLAMA_405B_MISS, published_ac="not stated",
-               priced_as="full: the only mode under which the layout fits (see miss)")
+               priced_as=LLAMA_405B_AC)
 
 
 RUNS = (
@@ -150,7 +159,7 @@ def llama_fsdp_zero2_reading(run: Run) -> dict:
     """Llama 3's FSDP read as ZeRO-2 under PP (gradients reduce-scattered after every micro-batch,
     weights kept gathered): GB per GPU without and with full recomputation, and the reduce-scatters
     of each stage's gradients per step (ZeRO-1's reading: one)."""
-    gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc), run.work.model) / 1e9
+    gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc, recompute_layers=0), run.work.model) / 1e9
           for rc in ("none", "full")}
     return {"GB without recomputation": gb["none"], "GB with full recomputation": gb["full"],
             "reduce-scatters per step": run.plan.accum}
