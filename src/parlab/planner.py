@@ -89,6 +89,11 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            tokens, × the busiest rank's load (``ModelSpec.imbalance``, capped by
            ``capacity``), exposed: Megatron-LM does not overlap them by default.  The
            group is ep ranks tp·cp apart; across nodes when ep·cp·tp exceeds a node.
+           With ``Plan.ep_overlap`` they run beside another micro-batch's computation
+           (DeepSeek-V3's DualPipe, DeepSeek-AI 2024 §3.2.1; Megatron-LM's
+           ``--overlap-moe-expert-parallel-comm``): only what exceeds the stage's computation
+           is exposed, and the computation runs on the SMs the all-to-all kernels leave it,
+           1 − ``OVERLAP_SMS`` (20 of the H800's 132, §3.5.1).
 Each collective costs a latency plus its per-rank ring bytes / busbw: the
 link's busbw inside a node (``Cluster.nvlink_busbw``, 370 GB/s on NVLink 4,
 nccl-tests issue #212) and ``network × network_efficiency`` across nodes.  The
@@ -109,8 +114,8 @@ the band both ways) three more terms:
 and fused causal attention timed at half the score FLOPs (``_attention_flops``).
 Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
 a link, kernel launch gaps, stragglers, the optimizer step's own time (unless calibrated), the
-data loader, FP8, async TP, zero-bubble schedules; for MoE: the all-to-all's overlap (DeepSeek's
-DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``), its split over NVLink and the
+data loader, FP8, async TP, zero-bubble schedules; for MoE: DualPipe's own schedule (its bubble and
+two parameter copies; an overlapped plan keeps 1F1B's), the all-to-all's split over NVLink and the
 network, small experts' less efficient GEMMs, and where the dense layers sit.
 
     >>> from parlab import planner
@@ -136,6 +141,10 @@ RECOMPUTE = cost.RECOMPUTE
 TILE = 128  # GEMM dimension at which the efficiency factor is one half (one tensor-core tile)
 LOGIT_BYTES = 4  # fp32 logits for the loss
 CP_FROM = 16384  # the search tries context parallelism from this sequence length on
+#: The share of the SMs the all-to-all kernels take while they overlap computation: DeepSeek-V3
+#: allocates "20 out of the 132 SMs available in the H800 GPU" to them (DeepSeek-AI 2024, §3.5.1; §3.2.2:
+#: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink").
+OVERLAP_SMS = 20 / 132
 
 
 def _whole(name: str, value) -> None:
@@ -458,8 +467,10 @@ class Plan:
     expert-data-parallel ranks), recompute_layers (with recompute "full": recompute only this many
     layers of each model chunk, a stage's when v = 1, and keep the others' activations whole:
     Megatron-LM's ``--recompute-method block --recompute-num-layers K``; 0, the default, recomputes
-    every layer, ``--recompute-method uniform --recompute-num-layers 1``), why (axis -> one line of
-    reasoning, not compared).
+    every layer, ``--recompute-method uniform --recompute-num-layers 1``), ep_overlap (with ep > 1: the
+    expert-parallel all-to-alls run beside another micro-batch's computation, as DeepSeek-V3's DualPipe
+    and Megatron-LM's ``--overlap-moe-expert-parallel-comm`` run them; see ``step_time``), why (axis ->
+    one line of reasoning, not compared).
     ``micro_batch × accum`` is one replica's rows: dp·micro_batch·accum must
     equal the global batch.
     """
@@ -478,6 +489,7 @@ class Plan:
     precision: str = "fp32_grads"
     ep: int = 1
     recompute_layers: int = 0
+    ep_overlap: bool = False
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -507,6 +519,10 @@ class Plan:
         if isinstance(self.recompute_layers, bool) or not isinstance(self.recompute_layers, int) \
                 or self.recompute_layers < 0:
             raise ValueError(f"recompute_layers must be a whole number >= 0, got {self.recompute_layers!r}")
+        if not isinstance(self.ep_overlap, bool):
+            raise ValueError(f"ep_overlap must be True or False, got {self.ep_overlap!r}")
+        if self.ep_overlap and self.ep == 1:
+            raise ValueError("ep_overlap overlaps expert parallelism's all-to-alls: it needs ep > 1")
         if self.recompute_layers and self.recompute != "full":
             raise ValueError(f"recompute_layers={self.recompute_layers} (Megatron-LM's block recomputation) "
                              f"needs recompute=\"full\", got {self.recompute!r}")
@@ -517,6 +533,7 @@ class Plan:
 
     def __str__(self) -> str:
         extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" ep={self.ep}" if self.ep > 1 else "",
+                         " (all-to-all overlapped)" if self.ep_overlap else "",
                          f" v={self.v}" if self.v > 1 else "",
                          " SP" if self.sp and self.tp > 1 else "",
                          f" {self.recompute} recompute" if self.recompute != "none" else "",
@@ -745,6 +762,8 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     layers = stage_layers(plan, m)
     head = 6 * m.vocab * h / t  # output layer, fwd + bwd, per token
     redo = [recomputed_share(plan, n) if plan.recompute == "full" else 1.0 for n in layers]  # of ``extra``
+    if plan.ep_overlap:  # the all-to-all kernels take OVERLAP_SMS of the SMs from the computation
+        rate *= 1 - OVERLAP_SMS
     flops_mb = [n * (fwd + bwd + extra * r) * tokens / rate for n, r in zip(layers, redo)]
     flops_mb[-1] += head * tokens / rate
     # memory-bound kernels at the HBM's bandwidth: forward, backward (twice the bytes: it reads the saved
@@ -813,6 +832,8 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
                      + 4 * lat)
         # the recomputed forward dispatches and combines again: half the four all-to-alls
         ep_t = per_layer * (1 + again / 2) * n_slow * m.moe_layer_count / m.layers * accum
+        if plan.ep_overlap:  # beside the computation: only what exceeds it is exposed
+            ep_t = max(0.0, ep_t - compute)
     # ---- data parallel over dp·cp ranks (routed experts over the dp·cp/ep expert-data-parallel ones)
     dp_t = 0.0
     d = plan.dp * plan.cp

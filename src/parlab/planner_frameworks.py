@@ -25,6 +25,15 @@ Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32
              the expert-data-parallel ranks).  Megatron-LM, megatron/training/arguments.py and
              megatron/core/transformer/moe/README.md.
 
+  EP all-to-all overlap (``Plan.ep_overlap``): Megatron-LM's ``--overlap-moe-expert-parallel-comm
+             --delay-wgrad-compute`` (batch-level overlap: the forward and backward of adjacent
+             micro-batches merged, megatron/core/transformer/moe/README.md), which asserts a virtual
+             pipeline when pp > 1 and no full recomputation, uniform or block
+             (megatron/core/transformer/transformer_config.py).  A plan that overlaps otherwise, as
+             DeepSeek-V3's DualPipe with its recomputation did, runs on ``NOT_PUBLIC``: DeepSeek-AI's
+             HAI-LLM (DeepSeek-AI 2024, §3.2), which is not public.  It prices the published DeepSeek-V3
+             row only; ``planner.candidates`` never generates ``ep_overlap`` plans.
+
 What no framework runs (``unrunnable``):
   ZeRO-2/3 with pp > 1.  DeepSpeed's ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``
         ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism",
@@ -68,9 +77,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["Rule", "RULES", "FRAMEWORKS", "runs_on", "unrunnable", "configuration", "cp_method"]
+__all__ = ["Rule", "RULES", "FRAMEWORKS", "NOT_PUBLIC", "megatron_overlaps", "runs_on", "unrunnable", "configuration", "cp_method"]
 
 FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
+NOT_PUBLIC = "HAI-LLM (DeepSeek-AI's, not public)"  # runs a published row's plan; no configuration to print
 
 
 @dataclass(frozen=True)
@@ -139,11 +149,19 @@ def unrunnable(plan) -> list[str]:
     return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
 
 
+def megatron_overlaps(plan) -> bool:
+    """Whether Megatron-LM's ``--overlap-moe-expert-parallel-comm`` runs ``plan``'s all-to-all overlap: it
+    asserts a virtual pipeline under pp > 1 and no full recomputation (transformer_config.py)."""
+    return plan.ep_overlap and (plan.pp == 1 or plan.v > 1) and plan.recompute != "full"
+
+
 def runs_on(plan) -> str:
     """The framework whose configuration runs ``plan`` as the planner prices it."""
     found = unrunnable(plan)
     if found:
         raise ValueError("no framework runs this plan: " + "; ".join(found))
+    if plan.ep_overlap and not megatron_overlaps(plan):
+        return NOT_PUBLIC
     if plan.precision == "zero16":
         return "DeepSpeed"
     if plan.zero <= 1 or plan.ep > 1:
@@ -185,6 +203,8 @@ def _megatron(plan, work, layers) -> str:
         if m.capacity:
             args.append(f"--moe-expert-capacity-factor {m.capacity:g}")
         args.append(f"--expert-model-parallel-size {plan.ep} --moe-grouped-gemm")
+        if plan.ep_overlap:
+            args.append("--overlap-moe-expert-parallel-comm --delay-wgrad-compute")
     if plan.sp and plan.tp > 1:
         args.append("--sequence-parallel")
     if plan.cp > 1:
@@ -240,6 +260,9 @@ def configuration(plan, work) -> str:
     from .planner import stage_layers
 
     framework = runs_on(plan)
+    if framework == NOT_PUBLIC:
+        return (f"# {NOT_PUBLIC}: no public configuration. Megatron-LM's all-to-all overlap needs a virtual "
+                "pipeline under pp > 1 and no full recomputation (megatron/core/transformer/transformer_config.py)")
     if framework == "Megatron-LM":
         return _megatron(plan, work, stage_layers(plan, work.model))
     if framework == "torchtitan":
