@@ -7,8 +7,9 @@ and the lecture's scenarios at the end are data.)
 A *plan* places a model on a cluster: data-parallel ``dp``, context-parallel
 ``cp``, tensor ``tp`` and pipeline ``pp`` degrees (dp·cp·tp·pp = GPUs), a ZeRO
 stage, a micro-batch size, the accumulation steps (micro-batches per step on
-each replica), the recomputation ("none", "selective", "full"), Megatron
-sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, and the
+each replica), the recomputation ("none", "selective", "full", and under "full"
+how many layers of each model chunk: ``recompute_layers``, Megatron-LM's block
+method; 0 is every layer), Megatron sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, and the
 precision recipe.  Ranks are ordered as Megatron orders them, tp fastest, then
 cp, dp, pp ("tp-cp-ep-dp-pp", Megatron-Core's RankGenerator; ``parlab.parallel.mesh``
 puts TP innermost the same way).  Every formula lives in ``parlab.cost`` with its source.
@@ -33,7 +34,10 @@ returns the busiest stage's:
         is attention that stores them (the 5as/h term); SwiGLU's three matrices,
         grouped-query K/V and no dropout counted as the model says (``ModelSpec.shape``).  × the stage's layers ×
         micro-batches in flight (``cost.activations_held``: 1F1B min(m, p − r);
-        interleaved from Megatron's warm-up).  Plus the transient working set of
+        interleaved from Megatron's warm-up).  Under "full" with ``recompute_layers``
+        K (block recomputation) a share min(1, K·v/n) of a stage's n layers keep
+        their input only and the others all of their activations
+        (``recomputed_share``).  Plus the transient working set of
         one layer being recomputed (its "none" activations) under "full", or of
         its scores under "selective"; plus, on the last stage, the logits of one
         micro-batch in fp32 for the loss (4·b·s·V/(tp·cp) bytes, vocab-parallel).
@@ -45,8 +49,10 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
   compute  the slowest stage's FLOPs per micro-batch (6 FLOPs per weight per
            token plus 12·h·s per layer per token for attention, PaLM app. B; the
            output layer's 6·V·h; + the recomputed forward: 2 FLOPs per weight and
-           4·h·s per layer under "full", 4·h·s under "selective" with stored
-           scores) / (peak × efficiency(shape)), × m micro-batches.
+           4·h·s per layer under "full", for the recomputed share of the layers,
+           4·h·s under "selective" with stored scores) / (peak × efficiency(shape)),
+           × m micro-batches.  The recomputed forward's TP, CP and EP collectives
+           are counted for that share too.
            efficiency = ``Cluster.efficiency`` × M/(M + 128) × K/(K + 128), with
            M = b·s/cp tokens per micro-batch and K = h/tp the sharded width
            (small GEMMs do not fill the tensor cores; 128 is one tile).
@@ -83,6 +89,11 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            tokens, × the busiest rank's load (``ModelSpec.imbalance``, capped by
            ``capacity``), exposed: Megatron-LM does not overlap them by default.  The
            group is ep ranks tp·cp apart; across nodes when ep·cp·tp exceeds a node.
+           With ``Plan.ep_overlap`` they run beside another micro-batch's computation
+           (DeepSeek-V3's DualPipe, DeepSeek-AI 2024 §3.2.1; Megatron-LM's
+           ``--overlap-moe-expert-parallel-comm``): only what exceeds the stage's computation
+           is exposed, and the computation runs on the SMs the all-to-all kernels leave it,
+           1 − ``OVERLAP_SMS`` (20 of the H800's 132, §3.5.1).
 Each collective costs a latency plus its per-rank ring bytes / busbw: the
 link's busbw inside a node (``Cluster.nvlink_busbw``, 370 GB/s on NVLink 4,
 nccl-tests issue #212) and ``network × network_efficiency`` across nodes.  The
@@ -103,8 +114,8 @@ the band both ways) three more terms:
 and fused causal attention timed at half the score FLOPs (``_attention_flops``).
 Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
 a link, kernel launch gaps, stragglers, the optimizer step's own time (unless calibrated), the
-data loader, FP8, async TP, zero-bubble schedules; for MoE: the all-to-all's overlap (DeepSeek's
-DualPipe, Megatron-Core's ``--overlap-moe-expert-parallel-comm``), its split over NVLink and the
+data loader, FP8, async TP, zero-bubble schedules; for MoE: DualPipe's own schedule (its bubble and
+two parameter copies; an overlapped plan keeps 1F1B's), the all-to-all's split over NVLink and the
 network, small experts' less efficient GEMMs, and where the dense layers sit.
 
     >>> from parlab import planner
@@ -121,7 +132,7 @@ from . import cost, planner_frameworks
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown", "optimizer_bytes",
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "ep_problems", "predict",
-           "search", "candidates", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
+           "search", "candidates", "fewest_recomputed", "recomputed_share", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
 
 BF16 = 2  # bytes per element of weights and activations on the wire
@@ -130,6 +141,10 @@ RECOMPUTE = cost.RECOMPUTE
 TILE = 128  # GEMM dimension at which the efficiency factor is one half (one tensor-core tile)
 LOGIT_BYTES = 4  # fp32 logits for the loss
 CP_FROM = 16384  # the search tries context parallelism from this sequence length on
+#: The share of the SMs the all-to-all kernels take while they overlap computation: DeepSeek-V3
+#: allocates "20 out of the 132 SMs available in the H800 GPU" to them (DeepSeek-AI 2024, §3.5.1; §3.2.2:
+#: "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink").
+OVERLAP_SMS = 20 / 132
 
 
 def _whole(name: str, value) -> None:
@@ -449,7 +464,13 @@ class Plan:
     ("fp32_grads" or "zero16"), ep (expert parallelism: a MoE model's routed experts split
     over ep ranks of the dp·cp data-parallel ones, as Megatron-LM's
     ``--expert-model-parallel-size``; their states are then sharded over the dp·cp/ep
-    expert-data-parallel ranks), why (axis -> one line of reasoning, not compared).
+    expert-data-parallel ranks), recompute_layers (with recompute "full": recompute only this many
+    layers of each model chunk, a stage's when v = 1, and keep the others' activations whole:
+    Megatron-LM's ``--recompute-method block --recompute-num-layers K``; 0, the default, recomputes
+    every layer, ``--recompute-method uniform --recompute-num-layers 1``), ep_overlap (with ep > 1: the
+    expert-parallel all-to-alls run beside another micro-batch's computation, as DeepSeek-V3's DualPipe
+    and Megatron-LM's ``--overlap-moe-expert-parallel-comm`` run them; see ``step_time``), why (axis ->
+    one line of reasoning, not compared).
     ``micro_batch × accum`` is one replica's rows: dp·micro_batch·accum must
     equal the global batch.
     """
@@ -467,6 +488,8 @@ class Plan:
     stages: tuple = ()
     precision: str = "fp32_grads"
     ep: int = 1
+    recompute_layers: int = 0
+    ep_overlap: bool = False
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -493,6 +516,16 @@ class Plan:
                 raise ValueError(f"stages lists {len(stages)} stages, but pp={self.pp}")
         if self.v > 1 and self.pp == 1:
             raise ValueError(f"v={self.v} (interleaved 1F1B) needs pp > 1")
+        if isinstance(self.recompute_layers, bool) or not isinstance(self.recompute_layers, int) \
+                or self.recompute_layers < 0:
+            raise ValueError(f"recompute_layers must be a whole number >= 0, got {self.recompute_layers!r}")
+        if not isinstance(self.ep_overlap, bool):
+            raise ValueError(f"ep_overlap must be True or False, got {self.ep_overlap!r}")
+        if self.ep_overlap and self.ep == 1:
+            raise ValueError("ep_overlap overlaps expert parallelism's all-to-alls: it needs ep > 1")
+        if self.recompute_layers and self.recompute != "full":
+            raise ValueError(f"recompute_layers={self.recompute_layers} (Megatron-LM's block recomputation) "
+                             f"needs recompute=\"full\", got {self.recompute!r}")
 
     @property
     def gpus(self) -> int:
@@ -500,9 +533,12 @@ class Plan:
 
     def __str__(self) -> str:
         extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" ep={self.ep}" if self.ep > 1 else "",
+                         " (all-to-all overlapped)" if self.ep_overlap else "",
                          f" v={self.v}" if self.v > 1 else "",
                          " SP" if self.sp and self.tp > 1 else "",
-                         f" {self.recompute} recompute" if self.recompute != "none" else ""])
+                         f" {self.recompute} recompute" if self.recompute != "none" else "",
+                         f" of {self.recompute_layers} layer(s) per {'chunk' if self.v > 1 else 'stage'}"
+                         if self.recompute_layers else ""])
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} ZeRO-{self.zero} micro_batch={self.micro_batch} "
                 f"accum={self.accum}" + extra)
 
@@ -514,6 +550,20 @@ def stage_layers(plan: Plan, model: ModelSpec) -> tuple:
         return plan.stages
     q, r = divmod(model.layers, plan.pp)
     return tuple(q + (1 if i < r else 0) for i in range(plan.pp))
+
+
+def recomputed_share(plan: Plan, layers: int) -> float:
+    """The share of a stage's ``layers`` whose forward is recomputed: 0 without "full", 1 under "full"
+    of every layer, and min(1, K·v/layers) under Megatron-LM's block recomputation of K =
+    ``plan.recompute_layers`` layers in each of the stage's v model chunks (Megatron-Core's
+    ``recompute_num_layers`` counts a chunk's layers: transformer_block.py sets
+    ``num_layers_per_pipeline_rank = len(self.layers)``, one chunk's, and recompute.py checkpoints the
+    first K of them)."""
+    if plan.recompute != "full":
+        return 0.0
+    if not plan.recompute_layers:
+        return 1.0
+    return min(1.0, plan.recompute_layers * plan.v / layers)
 
 
 def _load(plan: Plan, model: ModelSpec) -> float:
@@ -576,11 +626,14 @@ def stage_memory(plan: Plan, model: ModelSpec, rank: int) -> dict[str, float]:
         held = cost.activations_held(plan.pp, m, "interleaved", rank=rank, v=plan.v)
     else:
         held = cost.activations_held(plan.pp, m, "1f1b", rank=rank)
-    acts = _act_layer(plan, model, plan.recompute) * n * held
-    if plan.recompute == "full":  # the layer being recomputed holds its whole working set
-        acts += _act_layer(plan, model, "none")
-    elif plan.recompute == "selective" and model.scores:  # its recomputed scores
-        acts += _act_layer(plan, model, "none") - _act_layer(plan, model, "selective")
+    if plan.recompute == "full":  # recomputed layers keep their input only, the others (block) all of it
+        share = recomputed_share(plan, n)
+        per_layer = share * _act_layer(plan, model, "full") + (1 - share) * _act_layer(plan, model, "none")
+        acts = per_layer * n * held + _act_layer(plan, model, "none")  # + the layer being recomputed
+    else:
+        acts = _act_layer(plan, model, plan.recompute) * n * held
+        if plan.recompute == "selective" and model.scores:  # its recomputed scores
+            acts += _act_layer(plan, model, "none") - _act_layer(plan, model, "selective")
     if rank == plan.pp - 1:
         acts += LOGIT_BYTES * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
     return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": acts}
@@ -708,18 +761,22 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     fwd, bwd, extra = _layer_flops(plan, m, plan.recompute, causal=c.calibrated)
     layers = stage_layers(plan, m)
     head = 6 * m.vocab * h / t  # output layer, fwd + bwd, per token
-    flops_mb = [n * (fwd + bwd + extra) * tokens / rate for n in layers]
+    redo = [recomputed_share(plan, n) if plan.recompute == "full" else 1.0 for n in layers]  # of ``extra``
+    if plan.ep_overlap:  # the all-to-all kernels take OVERLAP_SMS of the SMs from the computation
+        rate *= 1 - OVERLAP_SMS
+    flops_mb = [n * (fwd + bwd + extra * r) * tokens / rate for n, r in zip(layers, redo)]
     flops_mb[-1] += head * tokens / rate
     # memory-bound kernels at the HBM's bandwidth: forward, backward (twice the bytes: it reads the saved
     # input and the incoming gradient and writes a gradient), and the recomputed forward under "full"
-    passes = 3 + (1 if plan.recompute == "full" else 0)
-    mem_mb = [n * passes * _memory_bound_bytes(plan, m) * tokens / c.hbm_bandwidth for n in layers]
+    mem_mb = [n * (3 + recomputed_share(plan, n)) * _memory_bound_bytes(plan, m) * tokens / c.hbm_bandwidth
+              for n in layers]
     mem_mb[-1] += LOSS_BYTES * m.vocab / t * tokens / c.hbm_bandwidth
     if not c.calibrated:
         mem_mb = [0.0] * plan.pp
     stage_mb = [a + b_ for a, b_ in zip(flops_mb, mem_mb)]
     slowest = max(range(plan.pp), key=lambda r: stage_mb[r])
     n_slow, t_mb = layers[slowest], stage_mb[slowest]
+    again = recomputed_share(plan, n_slow)  # the slowest stage's share of layers whose forward runs twice
     accum = plan.accum
     compute = accum * flops_mb[slowest]
     memory = accum * mem_mb[slowest]
@@ -739,8 +796,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
             window = 2 * 7 * h * h / t * tokens / rate  # wgrad GEMMs of QKV and FC1
         exposed = (fwd_units + open_units) * unit + (fwd_calls + open_calls) * lat \
             + max(0.0, hidden_units * unit + hidden_calls * lat - window)
-        if plan.recompute == "full":
-            exposed += fwd_units * unit + fwd_calls * lat
+        exposed += again * (fwd_units * unit + fwd_calls * lat)  # the recomputed forward's
         tp = exposed * n_slow * accum
     # ---- context parallel, as the plan's framework runs it (planner_frameworks.cp_method)
     cp_t = 0.0
@@ -758,8 +814,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
                     + 2 * group_latency(plan.cp, c, cross))
             window /= plan.cp
             fwd_share = 1 / 2
-        again = fwd_share if plan.recompute == "full" else 0.0  # a recomputed forward gathers again
-        cp_t = max(0.0, comm * (1 + again) - window) * n_slow * accum
+        cp_t = max(0.0, comm * (1 + fwd_share * again) - window) * n_slow * accum  # a recomputed forward: again
     # ---- pipeline: hops on the slowest boundary
     pp_t = 0.0
     if plan.pp > 1:
@@ -775,8 +830,10 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         rows = tokens / t  # each TP rank dispatches its sequence shard (Megatron needs SP with TP and EP)
         per_layer = (cost.ep_comm_elems_per_layer(rows, h, m.top_k, plan.ep) * _load(plan, m) * BF16 / bw
                      + 4 * lat)
-        again = 1 / 2 if plan.recompute == "full" else 0.0  # the recomputed forward dispatches and combines again
-        ep_t = per_layer * (1 + again) * n_slow * m.moe_layer_count / m.layers * accum
+        # the recomputed forward dispatches and combines again: half the four all-to-alls
+        ep_t = per_layer * (1 + again / 2) * n_slow * m.moe_layer_count / m.layers * accum
+        if plan.ep_overlap:  # beside the computation: only what exceeds it is exposed
+            ep_t = max(0.0, ep_t - compute)
     # ---- data parallel over dp·cp ranks (routed experts over the dp·cp/ep expert-data-parallel ones)
     dp_t = 0.0
     d = plan.dp * plan.cp
@@ -790,7 +847,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         ring = (d - 1) / d * dense / t + (e - 1) / e * experts / (plan.ep * t)  # elements per rank per ring pass
         buckets = max(1, math.ceil(n_params / megatron_bucket_params(d)))
         fwd_mb = n_slow * fwd * tokens / rate
-        bwd_mb = n_slow * (bwd + extra) * tokens / rate
+        bwd_mb = n_slow * (bwd + extra * redo[slowest]) * tokens / rate
         if plan.zero == 0:  # all-reduce, overlapped with the last micro-batch's backward
             dp_t = max(0.0, 2 * ring * g_bytes / bw + buckets * lat - bwd_mb)
         elif plan.zero == 1:  # reduce-scatter in backward, bf16 all-gather in the next forward
@@ -1014,8 +1071,40 @@ def _simplicity(p: Plan) -> tuple:
     return (_RC_ORDER[p.recompute], _ZERO_ORDER[p.zero], p.tp, p.pp, p.cp, p.v, -p.micro_batch)
 
 
+def fewest_recomputed(plan: Plan, work: Workload) -> Plan | None:
+    """``plan`` (under "full" recomputation of every layer) with Megatron-LM's block recomputation of the
+    fewest layers per model chunk that fits, or None: where no framework runs it, where recomputing no
+    layer fits already (that plan is faster), or where only recomputing every layer fits.  Memory falls
+    as K grows, so K is found by bisection."""
+    if plan.recompute != "full" or plan.recompute_layers:
+        return None
+    m, room = work.model, work.cluster.usable_memory
+
+    def fits(p: Plan) -> bool:
+        return memory_per_gpu(p, m) <= room
+    widest = max(math.ceil(n / plan.v) for n in stage_layers(plan, m))  # layers of the largest chunk
+    low, high = 1, widest - 1  # K = widest recomputes every layer: the plan itself
+    if high < low or planner_frameworks.unrunnable(replace(plan, recompute_layers=1)):
+        return None
+    if fits(replace(plan, recompute="none")) or not fits(replace(plan, recompute_layers=high)):
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if fits(replace(plan, recompute_layers=mid)):
+            high = mid
+        else:
+            low = mid + 1
+    return replace(plan, recompute_layers=low)
+
+
 def search(work: Workload) -> Prediction | None:
-    """The fastest plan that fits (the simplest among ties), or None when none fits."""
+    """The fastest plan that fits (the simplest among ties), or None when none fits.
+
+    Block recomputation (``Plan.recompute_layers``) is priced by ``predict`` for a plan given to it, and
+    ``fewest_recomputed`` finds its smallest K, but the search does not try it: adding each "full" plan's
+    ``fewest_recomputed`` to the candidates made the search of the six scenarios and the published runs
+    1.6 times slower (2.1 -> 3.3 s of CPU, docs/planner.md) and changes the plans the lecture's bands
+    hold (21 -> 27 for 70B on 64 H100s)."""
     best = None
     m = work.model
     for plan in candidates(work):

@@ -25,6 +25,15 @@ Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32
              the expert-data-parallel ranks).  Megatron-LM, megatron/training/arguments.py and
              megatron/core/transformer/moe/README.md.
 
+  EP all-to-all overlap (``Plan.ep_overlap``): Megatron-LM's ``--overlap-moe-expert-parallel-comm
+             --delay-wgrad-compute`` (batch-level overlap: the forward and backward of adjacent
+             micro-batches merged, megatron/core/transformer/moe/README.md), which asserts a virtual
+             pipeline when pp > 1 and no full recomputation, uniform or block
+             (megatron/core/transformer/transformer_config.py).  A plan that overlaps otherwise, as
+             DeepSeek-V3's DualPipe with its recomputation did, runs on ``NOT_PUBLIC``: DeepSeek-AI's
+             HAI-LLM (DeepSeek-AI 2024, §3.2), which is not public.  It prices the published DeepSeek-V3
+             row only; ``planner.candidates`` never generates ``ep_overlap`` plans.
+
 What no framework runs (``unrunnable``):
   ZeRO-2/3 with pp > 1.  DeepSpeed's ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``
         ("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism",
@@ -45,6 +54,13 @@ What no framework runs (``unrunnable``):
   TP without sequence parallelism under EP: Megatron-Core raises "When using expert
         parallelism and tensor parallelism, sequence parallelism must be used"
         (megatron/core/model_parallel_config.py).
+  Block recomputation (``Plan.recompute_layers``, only K layers of each model chunk recomputed)
+        as Megatron-LM runs it: ``--recompute-granularity full --recompute-method block
+        --recompute-num-layers K`` (megatron/core/transformer/transformer_config.py: "block will
+        recompute the input activations for only a set number of transformer layers per pipeline
+        stage"; megatron/core/recompute.py checkpoints the first K layers of the block, one model
+        chunk under interleaving).  torchtitan's "selective layer" checkpointing (every k-th layer)
+        and DeepSpeed's (model code) choose their layers otherwise and are not priced: ZeRO-0/1.
   precision "zero16" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's accounting: DeepSpeed runs it
         with tp = cp = 1 (its own ``PipelineModule`` for pp > 1, ZeRO ≤ 1 there) and without
         interleaving (its pipeline schedule is plain 1F1B, deepspeed/runtime/pipe/schedule.py).
@@ -61,9 +77,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-__all__ = ["Rule", "RULES", "FRAMEWORKS", "runs_on", "unrunnable", "configuration", "cp_method"]
+__all__ = ["Rule", "RULES", "FRAMEWORKS", "NOT_PUBLIC", "megatron_overlaps", "runs_on", "unrunnable", "configuration", "cp_method"]
 
 FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
+NOT_PUBLIC = "HAI-LLM (DeepSeek-AI's, not public)"  # runs a published row's plan; no configuration to print
 
 
 @dataclass(frozen=True)
@@ -83,6 +100,8 @@ _CHECKS = {
     "FSDP's TP without SP": lambda p: p.precision == "fp32_grads" and p.zero >= 2 and p.tp > 1 and not p.sp,
     "EP with sharded gradients": lambda p: p.ep > 1 and p.zero >= 2,
     "EP's TP without SP": lambda p: p.ep > 1 and p.tp > 1 and not p.sp,
+    "block recomputation beyond Megatron-LM": lambda p: p.recompute_layers > 0 and (p.zero >= 2
+                                                                                  or p.precision == "zero16"),
     "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
                                                                      or (p.pp > 1 and p.zero >= 2)),
 }
@@ -110,6 +129,12 @@ RULES = (
          "parallelism are both on: use sp=True",
          "megatron/core/model_parallel_config.py (\"When using expert parallelism and tensor parallelism, "
          "sequence parallelism must be used\")"),
+    Rule("block recomputation beyond Megatron-LM",
+         "recompute_layers with ZeRO-{zero} (or precision \"zero16\"): the planner prices recomputing only some "
+         "layers as Megatron-LM's --recompute-method block runs it, with ZeRO-0/1 and fp32 gradients "
+         "(torchtitan's every-k-th-layer and DeepSpeed's are not modelled): use zero=1, or recompute_layers=0",
+         "megatron/core/transformer/transformer_config.py (recompute_method 'block', recompute_num_layers); "
+         "megatron/core/recompute.py (the first recompute_num_layers layers of the block checkpointed)"),
     Rule("zero16 beyond DeepSpeed",
          "precision \"zero16\" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's, which runs it without TP, CP or "
          "interleaving and with ZeRO <= 1 under its pipeline: use precision \"fp32_grads\" "
@@ -124,11 +149,19 @@ def unrunnable(plan) -> list[str]:
     return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
 
 
+def megatron_overlaps(plan) -> bool:
+    """Whether Megatron-LM's ``--overlap-moe-expert-parallel-comm`` runs ``plan``'s all-to-all overlap: it
+    asserts a virtual pipeline under pp > 1 and no full recomputation (transformer_config.py)."""
+    return plan.ep_overlap and (plan.pp == 1 or plan.v > 1) and plan.recompute != "full"
+
+
 def runs_on(plan) -> str:
     """The framework whose configuration runs ``plan`` as the planner prices it."""
     found = unrunnable(plan)
     if found:
         raise ValueError("no framework runs this plan: " + "; ".join(found))
+    if plan.ep_overlap and not megatron_overlaps(plan):
+        return NOT_PUBLIC
     if plan.precision == "zero16":
         return "DeepSpeed"
     if plan.zero <= 1 or plan.ep > 1:
@@ -170,6 +203,8 @@ def _megatron(plan, work, layers) -> str:
         if m.capacity:
             args.append(f"--moe-expert-capacity-factor {m.capacity:g}")
         args.append(f"--expert-model-parallel-size {plan.ep} --moe-grouped-gemm")
+        if plan.ep_overlap:
+            args.append("--overlap-moe-expert-parallel-comm --delay-wgrad-compute")
     if plan.sp and plan.tp > 1:
         args.append("--sequence-parallel")
     if plan.cp > 1:
@@ -182,7 +217,10 @@ def _megatron(plan, work, layers) -> str:
         args.append("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
     elif plan.dp * plan.cp > 1:
         args.append("--overlap-grad-reduce")
-    if plan.recompute == "full":
+    if plan.recompute == "full" and plan.recompute_layers:
+        args.append(f"--recompute-granularity full --recompute-method block "
+                    f"--recompute-num-layers {plan.recompute_layers}")
+    elif plan.recompute == "full":
         args.append("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     elif plan.recompute == "selective":
         args.append("--recompute-granularity selective")
@@ -222,6 +260,9 @@ def configuration(plan, work) -> str:
     from .planner import stage_layers
 
     framework = runs_on(plan)
+    if framework == NOT_PUBLIC:
+        return (f"# {NOT_PUBLIC}: no public configuration. Megatron-LM's all-to-all overlap needs a virtual "
+                "pipeline under pp > 1 and no full recomputation (megatron/core/transformer/transformer_config.py)")
     if framework == "Megatron-LM":
         return _megatron(plan, work, stage_layers(plan, work.model))
     if framework == "torchtitan":

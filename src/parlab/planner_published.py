@@ -25,15 +25,20 @@ Sources:
     parallelism, no TP (§3.2).  Throughput: "training DeepSeek-V3 on each trillion tokens
     requires only 180K H800 GPU hours" (§1; Table 1: 2,664K GPU hours for 14.8T tokens of
     pre-training), i.e. 1e12 / (180,000 × 3,600 s) = 1,543 tokens/s per GPU.  The micro-batch
-    is not stated (1 assumed).  H800: the H100 SXM's compute and HBM, less NVLink.
+    is not stated (1 assumed).  H800: the H100 SXM's compute and HBM, less NVLink.  DualPipe runs the
+    all-to-all beside another micro-batch's computation (§3.2.1; ``Plan.ep_overlap``) on 20 of the 132
+    SMs (§3.5.1; ``planner.OVERLAP_SMS``), in DeepSeek-AI's HAI-LLM (§3.2), not public.
 
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
-(``Run.priced_as``).  torchtitan's "selective op" saves every matmul's output except every second
+(``Run.priced_as``).  Llama 3 405B's is not stated: it is priced under Megatron-LM's block recomputation of
+the fewest layers per model chunk that fit (``planner.fewest_recomputed``), the fastest the planner
+predicts for a plan that fits.  torchtitan's "selective op" saves every matmul's output except every second
 one, and SDPA's, and recomputes the rest (torchtitan 9dec370, parallelize_llama.py
 ``_custom_policy``); its "selective layer" fully recomputes every k-th layer
 (``selective_ac_option = 'k'``).  The planner's modes are none, Korthikanti's selective (the
-attention scores only, the same as none without stored scores) and full.
+attention scores only, the same as none without stored scores) and full, of every layer or of K layers
+per model chunk (``Plan.recompute_layers``, Megatron-LM's block method).
 
 Llama 3's data parallelism is FSDP that shards optimizer states and gradients and does not reshard
 the weights after forward (Dubey et al. 2024, §3.3.2).  It is priced as ZeRO-1: under PP with
@@ -53,7 +58,7 @@ from functools import lru_cache
 from . import planner as P
 from .planner import ModelSpec, Plan, Workload
 
-__all__ = ["Run", "RUNS", "error_band", "ratios", "calibrated", "llama_fsdp_zero2_reading"]
+__all__ = ["Run", "RUNS", "error_band", "ratios", "calibrated", "llama_fsdp_zero2_reading", "deepseek_v3_readings"]
 
 
 @dataclass(frozen=True)
@@ -87,9 +92,15 @@ def _palm(m: ModelSpec) -> float:
 
 
 LLAMA_405B_MISS = ("without recomputation the layout needs 101.7 GB (8,192 GPUs) and 87.6 GB (16,384) per "
-                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; with full "
-                   "recomputation it fits (25.4 and 24.2 GB) but is predicted at 0.70 and 0.68. The paper does "
-                   "not say which layers Meta recomputed; the planner has no partial mode (docs/planner.md)")
+                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; recomputing "
+                   "1 layer of each 2-layer model chunk (Megatron-LM's block method, the fewest that fits) it "
+                   "needs 63.8 and 56.2 GB and is predicted at 0.80 and 0.78, just outside the band; recomputing "
+                   "every layer, 25.4 and 24.2 GB and 0.70 and 0.68. The paper does not say which layers Meta "
+                   "recomputed, nor the interleaving (v=4 assumed: with fewer chunks per stage, fewer layers "
+                   "could be recomputed) (docs/planner.md)")
+LLAMA_405B_AC = ("full: of 1 layer per model chunk (--recompute-method block --recompute-num-layers 1), the "
+                 "fewest recomputed layers whose plan fits (planner.fewest_recomputed): the planner's fastest "
+                 "prediction that fits, not a fit to the reported figure (see miss)")
 
 
 TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
@@ -104,22 +115,31 @@ TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none
 DSV3 = ModelSpec("DeepSeek-V3", 671e9, 61, 7168, 128, 4096, vocab=129280, ffn=18432, gated=True, dropout=False,
                  experts=256, top_k=8, expert_ffn=2048, shared_experts=1, moe_layers=58)
 H800 = P.H100_SXM(2048, nvlink=200e9, nvlink_busbw=160e9, network=50e9, name="H800")
-DSV3_MISS = ("priced under full recomputation (DeepSeek-V3 recomputes only RMSNorm and the MLA up-projections, "
-             "§3.2.3; without recomputation the planner counts 107.4 GB per 80 GB GPU) it is predicted at 0.43, "
-             "without recomputation at 0.57, of which the exposed all-to-all is 15.9 of 34.8 s per step. DeepSeek-V3 "
-             "hides the all-to-all behind compute (DualPipe, §3.2.1), sends each token over InfiniBand to at most 4 "
-             "nodes and dispatches in FP8 (§3.2.2), and runs its GEMMs in FP8 (§3.3): none of it is in the planner, "
-             "which prices bf16 GEMMs and Megatron-LM's exposed all-to-all (docs/planner.md)")
+DSV3_MISS = ("priced with the all-to-all beside the computation as DualPipe runs it (§3.2.1), the computation on "
+             "the 112 of 132 SMs the all-to-all kernels leave it (§3.5.1), and the fewest recomputed layers that "
+             "fit (2 of each stage's 3 or 4 layers, 66.8 GB), it is predicted at 0.79, just outside the band; the all-to-all "
+             "alone is about as long as the computation (15.9 against 16.3 s per step without recomputation, the "
+             "1:1 of §3.2.1), so exposed, as Megatron-LM runs it by default, 0.47, or 0.43 recomputing every layer. "
+             "Without recomputation, overlapped, 0.90, but 107.4 GB per 80 GB GPU. Not priced, each of which "
+             "would raise it: FP8 GEMMs (§3.3.1, 'theoretically doubles the computational speed': every FLOP at "
+             "twice the rate gives 0.86, an upper bound since attention, embedding and output head stay in BF16; "
+             "the planner has no measured FP8 efficiency), activations cached in FP8 and Adam's moments in BF16 "
+             "(§3.3.1, §3.3.3: less memory, fewer layers recomputed), DualPipe's smaller bubble (Table 2), FP8 "
+             "dispatch and node-limited routing (§3.2.2); nor DualPipe's two parameter copies (Table 2), which "
+             "would lower it (docs/planner.md)")
+DSV3_AC = ("full: of 2 layers per stage (block), the fewest recomputed layers whose plan fits "
+           "(planner.fewest_recomputed). DeepSeek-V3 recomputes only RMSNorm and the MLA up-projections (§3.2.3), "
+           "which the planner, without MLA's shape, cannot express; recomputing no layer needs 107.4 GB")
 
 
 def _llama(gpus, dp, per_dp, tflops) -> Run:
     # first and last stage one layer fewer (Dubey et al. 2024 §3.3.2); interleaved schedule (v=4 assumed);
-    # full recomputation: the only mode under which the layout fits this planner's 34·sbh per layer
+    # block recomputation of the fewest layers that fit (LLAMA_405B_AC): without, the layout does not fit
     return Run(f"Llama 3 405B, {gpus:,} H100s (Dubey 2024, Table 4)", Workload(L405, P.H100_SXM(gpus), dp * per_dp),
                Plan(dp=dp, tp=8, pp=16, zero=1, micro_batch=1, accum=per_dp, recompute="full",
-                    stages=(7,) + (8,) * 14 + (7,), v=4),
+                    stages=(7,) + (8,) * 14 + (7,), v=4, recompute_layers=1),
                tflops * 1e12 * gpus / _palm(L405), miss=LLAMA_405B_MISS, published_ac="not stated",
-               priced_as="full: the only mode under which the layout fits (see miss)")
+               priced_as=LLAMA_405B_AC)
 
 
 RUNS = (
@@ -140,9 +160,10 @@ RUNS = (
         Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64,
         published_ac="full"),
     Run("DeepSeek-V3, 2,048 H800s (DeepSeek-AI 2024)", Workload(DSV3, H800, 15360),
-        Plan(dp=128, tp=1, pp=16, zero=1, micro_batch=1, accum=120, recompute="full", ep=64),
+        Plan(dp=128, tp=1, pp=16, zero=1, micro_batch=1, accum=120, recompute="full", recompute_layers=2, ep=64,
+             ep_overlap=True),
         1e12 / (180e3 * 3600) * 2048, miss=DSV3_MISS, published_ac="RMSNorm and MLA up-projection (§3.2.3)",
-        priced_as="full: without recomputation the layout does not fit (see miss)"),
+        priced_as=DSV3_AC),
 )
 
 
@@ -150,10 +171,23 @@ def llama_fsdp_zero2_reading(run: Run) -> dict:
     """Llama 3's FSDP read as ZeRO-2 under PP (gradients reduce-scattered after every micro-batch,
     weights kept gathered): GB per GPU without and with full recomputation, and the reduce-scatters
     of each stage's gradients per step (ZeRO-1's reading: one)."""
-    gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc), run.work.model) / 1e9
+    gb = {rc: P.memory_per_gpu(replace(run.plan, zero=2, recompute=rc, recompute_layers=0), run.work.model) / 1e9
           for rc in ("none", "full")}
     return {"GB without recomputation": gb["none"], "GB with full recomputation": gb["full"],
             "reduce-scatters per step": run.plan.accum}
+
+
+def deepseek_v3_readings() -> dict:
+    """The DeepSeek-V3 row under each reading ``DSV3_MISS`` gives: name -> ``planner.Prediction``."""
+    run = next(r for r in RUNS if r.work.model is DSV3)
+    plan, work = run.plan, run.work
+    none = replace(plan, recompute="none", recompute_layers=0)
+    twice = replace(work, cluster=replace(work.cluster, peak_flops=2 * work.cluster.peak_flops))
+    readings = {"priced": (plan, work), "exposed": (replace(plan, ep_overlap=False), work),
+                "every layer, exposed": (replace(plan, recompute_layers=0, ep_overlap=False), work),
+                "none": (none, work), "none, exposed": (replace(none, ep_overlap=False), work),
+                "every FLOP at twice the rate": (plan, twice)}
+    return {name: P.predict(p, w) for name, (p, w) in readings.items()}
 
 
 def calibrated(work: Workload) -> Workload:

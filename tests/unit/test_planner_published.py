@@ -35,15 +35,16 @@ def test_the_published_layout_fits(run, results):
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
 def test_every_published_layout_runs_on_a_framework(run):
-    assert planner_frameworks.runs_on(run.plan) in planner_frameworks.FRAMEWORKS
+    assert planner_frameworks.runs_on(run.plan) in planner_frameworks.FRAMEWORKS + (planner_frameworks.NOT_PUBLIC,)
 
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
 def test_predicted_throughput_is_within_tolerance(run, results, request):
+    # a known miss is one outside the band: strict, so that one which comes inside fails until its miss is dropped
     if run.miss:
         request.applymarker(pytest.mark.xfail(strict=True, reason="known miss, see docs/planner.md"))
     ratio = results[run.name][0].tokens_per_second / run.reported
-    assert abs(ratio - 1) <= TOLERANCE, f"predicted ÷ reported = {ratio:.2f}"
+    assert abs(ratio - 1) <= (error_band() if run.miss else TOLERANCE), f"predicted ÷ reported = {ratio:.2f}"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
@@ -79,16 +80,23 @@ if __name__ == "__main__":
 
 def test_the_llama_405b_miss_is_written_with_its_figures():
     # the reason in planner_published.LLAMA_405B_MISS, recomputed: no recomputation does not fit and
-    # would be within the band, full recomputation fits and is predicted too slow
+    # would be within the band; block recomputation of the fewest layers that fit (the plan priced) and
+    # full recomputation fit and are predicted too slow
     from dataclasses import replace
 
     from parlab.planner_published import LLAMA_405B_MISS
+    band = error_band()
     for run, gb, ratio in zip(LLAMA_405B, ("101.7", "87.6"), ("0.94", "0.91")):
-        none = P.predict(replace(run.plan, recompute="none"), run.work)
+        full = replace(run.plan, recompute_layers=0)
+        assert P.fewest_recomputed(full, run.work) == run.plan  # priced at the fewest layers that fit
+        none = P.predict(replace(full, recompute="none"), run.work)
         assert not none.fits and f"{sum(none.memory.values()) / 1e9:.1f}" == gb and gb in LLAMA_405B_MISS
         assert f"{none.tokens_per_second / run.reported:.2f}" == ratio and ratio in LLAMA_405B_MISS
-        full = P.predict(run.plan, run.work)
-        assert full.fits and f"{full.tokens_per_second / run.reported:.2f}" in LLAMA_405B_MISS
+        for plan in (run.plan, full):
+            pred = P.predict(plan, run.work)
+            found = pred.tokens_per_second / run.reported
+            assert pred.fits and 1 - found > band and f"{found:.2f}" in LLAMA_405B_MISS
+            assert f"{sum(pred.memory.values()) / 1e9:.1f} " in LLAMA_405B_MISS
 
 
 def test_each_run_states_its_checkpointing_and_why_it_is_priced_so():
