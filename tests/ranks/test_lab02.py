@@ -10,7 +10,7 @@ import torch
 
 from answer_suite import AnswerSuite
 from parlab.grading import harness, lab02
-from parlab.grading.lab02 import graders as lab02_graders, rules
+from parlab.grading.lab02 import broadcast, bucketed, case as cases
 from wrong_answers import lab02 as answers
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(600)]
@@ -24,7 +24,7 @@ class TestAnswers(AnswerSuite):
 
     def breaks(self, rule, message):
         """An answer that never waits also gets wrong values: the never-waited rule's own words come as the hint."""
-        return rule.says in message or (rule.broken is rules.all_waited and "were never waited on" in message)
+        return rule.says in message or (rule.broken is bucketed.all_waited and "were never waited on" in message)
 
     def test_messages_name_step_rank_and_case(self, visible):
         msg = visible[("allreduce", "allreduce_sums")]
@@ -54,8 +54,8 @@ def test_bucket_plan_rule():
     assert lab02.bucket_plan(model, 256)[0] == ["ln_f.bias", "ln_f.weight"]
     assert lab02.bucket_plan(model, 257)[0] == ["ln_f.bias", "ln_f.weight", "blocks.1.mlp.down.bias"]
     # The hidden boundary case: the untied lm_head alone fills its bucket exactly.
-    untied = lab02.Case(overrides=lab02.SMALL + (("tie_weights", False),)).build(0)
-    assert lab02.bucket_plan(untied, lab02._LM_HEAD_BYTES)[0] == ["lm_head.weight"]
+    untied = lab02.Case(overrides=cases.UNTIED).build(0)
+    assert lab02.bucket_plan(untied, bucketed.LM_HEAD_BYTES)[0] == ["lm_head.weight"]
 
 
 def test_visible_sets_hold_the_boundary_and_unused_traps():
@@ -75,7 +75,7 @@ def _graded(ex, results, records=None, n=2):
 
 def _steps(ex, flat, none):
     case = [c for _, cs in ex.visible for c in cs][0]
-    params = torch.cat([t.reshape(-1) for t in lab02_graders.initial(case, 0).values()])
+    params = torch.cat([t.reshape(-1) for t in broadcast.initial(case, 0).values()])
     return [{"grads": {"flat": flat, "none": none}, "params": params, "calls": 0}
             for _ in range(case.steps)]
 

@@ -1,11 +1,12 @@
-"""Lab 02's rules and error hints: how an answer with the right numbers can still be wrong.
+"""Exercise 4, ``BucketedDP(model, bucket_bytes)``: gradients all-reduced in buckets, from hooks,
+during backward; ``finish()`` waits and averages.
 
-Each function here judges one rule that the notebook states under
-"Rules (checked)" (the sentences are declared with the exercises in
-``parlab.grading.lab02``).  It reads the spy's records of every rank for one
-case (``parlab.grading.spy``: dist calls, backward passes, DDP constructions,
-and the events the runners note) and returns what the answer did wrong, or
-None.  ``bucket_plan`` is Exercise 4's bucket rule itself.
+``bucket_plan`` is the exercise's bucket rule itself (the notebook and
+benchmarks/dp_step.py use it).  The rules read the spy's record of each
+all-reduce: whether it was async, started during backward, waited on, and
+waited on inside the hook.  The visible cases hold the traps: a frozen
+parameter, a parameter exactly at the ``bucket_bytes`` boundary, one that
+forward never uses (its bucket never completes by itself).
 """
 from __future__ import annotations
 
@@ -13,10 +14,21 @@ import functools
 
 import torch.nn as nn
 
-from ... import check
+from ...models import lm_loss
+from ..harness import Exercise, Rule
+from .case import FROZEN, SPARE, TIMEOUT, UNTIED, Case
+from .training import NOT_BACK, grade_trained, local_batch, ranks_differ, setup, step_result, sum_or_twice
 
-#: The trainable parameter that ``Case(unused=True)`` adds and forward never uses.
-SPARE = "spare"
+#: The untied lm_head.weight (vocab 256 x d_model 32) in bytes: the first bucket in reverse order.
+LM_HEAD_BYTES = 256 * 32 * 4
+
+VISIBLE = ((2, (Case(frozen=FROZEN, bucket_bytes=1 << 30),
+                Case(frozen=FROZEN, bucket_bytes=16_384), Case(bucket_bytes=1),
+                Case(frozen=FROZEN, bucket_bytes=256),  # ln_f.bias + ln_f.weight: 256 B exactly
+                Case(unused=True, bucket_bytes=4096))),)
+HIDDEN = ((3, (Case(batch=6, overrides=UNTIED, bucket_bytes=LM_HEAD_BYTES),
+               Case(batch=6, overrides=UNTIED, bucket_bytes=50_000, unused=True),
+               Case(batch=6, unused=True, frozen=FROZEN, bucket_bytes=1 << 30))),)
 
 
 def plural(count: int, word: str) -> str:
@@ -44,58 +56,29 @@ def bucket_plan(model: nn.Module, bucket_bytes: int) -> list[list[str]]:
     return buckets
 
 
-def per_step(record: dict) -> list[list[dict]]:
-    """A record's events split at each "step" event: [[events of step 1, ..., its step], ...]."""
-    steps, current = [], []
-    for e in record["events"]:
-        current.append(e)
-        if e["event"] == "step":
-            steps.append(current)
-            current = []
-    return steps
-
-
-def one_backward_each(records, case, n):
-    want = case.steps * case.micro
-    for r, rec in enumerate(records):
-        if rec["backward"] != want:
-            return (f"rank {r} ran {rec['backward']} backward passes in {case.steps} steps of "
-                    f"{case.micro} micro-batches; one per micro-batch is {want} (one backward "
-                    "over the summed losses does not count).")
-    return None
-
-
-def sync_once_at_end(records, case, n):
-    for r, rec in enumerate(records):
-        for s, events in enumerate(per_step(rec)):
-            syncs = [e for e in events if e["event"] == "sync"]
-            if not syncs:
-                return f"rank {r} never called sync(model) in step {s + 1}."
-            if len(syncs) > 1:
-                return (f"rank {r} called sync(model) {len(syncs)} times in step {s + 1} with "
-                        f"{case.micro} micro-batches: sync only on the last micro-step; syncing "
-                        f"on every micro-step sends the gradients {len(syncs)} times for nothing.")
-            if syncs[0]["backward"] != events[-1]["backward"]:
-                return (f"rank {r} called sync(model) in step {s + 1} before the last backward, "
-                        "so that micro-batch's gradient was never all-reduced.")
-    return None
-
-
-def no_own_collectives(records, case, n):
-    for r, rec in enumerate(records):
-        if rec["calls"]:
-            return (f"rank {r} called dist.{rec['calls'][0]['op']} itself "
-                    f"({len(rec['calls'])} calls): sync(model) does the averaging.")
-    return None
-
-
 @functools.lru_cache(maxsize=64)
-def case_buckets(case) -> tuple[list[list[str]], int]:
+def case_buckets(case: Case) -> tuple[list[list[str]], int]:
     """Exercise 4's buckets for the case, and how many of them hold a parameter without gradient."""
     plan = bucket_plan(case.build(0), case.bucket_bytes)
     return plan, sum(SPARE in b for b in plan) if case.unused else 0
 
 
+def run(cls, case, i, spy):
+    model, opt = setup(case, 0)
+    out = []
+    with spy.watch():
+        dp = cls(model, case.bucket_bytes)
+        for step in range(case.steps):
+            x, y = local_batch(case, step)
+            opt.zero_grad(set_to_none=True)
+            before = len(spy.calls)
+            lm_loss(model, x, y).backward()
+            dp.finish()
+            out.append({**step_result(model, opt), "calls": len(spy.calls) - before})
+    return out
+
+
+# ---------------------------------------------------------------- the rules
 def _all_reduce_calls(rec: dict) -> list[dict]:
     return [c for c in rec["calls"] if c["op"] == "all_reduce"]
 
@@ -160,38 +143,38 @@ def all_waited(records, case, n):
     return never_waited(records)
 
 
-def uses_ddp(records, case, n):
-    if any(rec["ddp"] for rec in records):
-        return "it wrapped the model in torch's DistributedDataParallel."
-    return None
+RULES = (Rule("Start exactly one `dist.all_reduce` per bucket per step, and no other collective.",
+              one_per_bucket),
+         Rule("Start every all-reduce with `async_op=True`.", all_async),
+         Rule("Start a bucket's all-reduce from the hook, during backward, as soon as its last "
+              "gradient has arrived; only a bucket that never completed is started in `finish()`.",
+              launched_in_backward),
+         Rule("Do not wait inside the hook: `finish()` waits, after backward.", no_wait_in_hook),
+         Rule("`finish()` waits for every all-reduce it started (`work.wait()`) before the "
+              "optimizer step.", all_waited))
 
 
-def builds_ddp(records, case, n):
-    if lazy := [r for r, rec in enumerate(records) if not rec["ddp"]]:
-        return f"{check.ranks_phrase(lazy)} never built a torch DistributedDataParallel."
-    return None
-
-
-def own_rows(records, case, n):
-    share = case.batch // n
-    for r, rec in enumerate(records):
-        for s, events in enumerate(per_step(rec)):
-            rows = sum(e.get("rows", 0) for e in events if e["event"] == "forward")
-            if rows != share:
-                return (f"in step {s + 1}, rank {r}'s forward passes saw {rows} rows of the global "
-                        f"batch of {case.batch}; its share is {share} rows.")
-    return None
-
-
-# ---------------------------------------------------------------- hints on errors
-def none_grad_hint(text: str) -> str:
-    if "NoneType" in text and "grad" in text:
-        return ("a parameter without a gradient has p.grad None: a frozen one (requires_grad=False) "
-                "never gets one; skip it, on every rank.")
+# ---------------------------------------------------------------- the hints
+def hint(g, i, case, s, r) -> str:
+    waited = never_waited([g.records[q][i] for q in range(g.n)])
+    if waited:
+        return waited
+    plan, incomplete = case_buckets(case)
+    calls = g.at(i)[r][s]["calls"]
+    if s and calls < len(plan) and g.at(i)[r][0]["calls"] == len(plan):
+        return (f"step 1 launched {plural(len(plan), 'all-reduce')} but step {s + 1} only {calls}: reset your "
+                "bucket state at the end of finish() (call self._new_step()).")
+    if incomplete and calls < len(plan):
+        return (f"a bucket holding '{SPARE}', which got no gradient, never completed, so it was never "
+                "all-reduced: finish() must launch every bucket not launched yet, counting a "
+                "missing gradient as zeros.")
+    if ranks_differ(g, i, s):
+        return ("the ranks used different gradients: some were never all-reduced, "
+                + NOT_BACK.format(what="bucket", when=" after work.wait()"))
     return ""
 
 
-def bucket_error_hint(text: str) -> str:
+def error_hint(text: str) -> str:
     if "NoneType" in text and "grad" in text:
         return ("p.grad is None for a parameter that got no gradient: a frozen one belongs to no "
                 "bucket (register no hook on it); one that forward never used counts as zeros in "
@@ -199,12 +182,9 @@ def bucket_error_hint(text: str) -> str:
     return ""
 
 
-def ddp_error_hint(text: str) -> str:
-    if "device_ids" in text:
-        return ("device_ids names the GPU a module lives on; leave it out: DDP uses the device the "
-                "model's parameters are already on (the CPU here, this rank's GPU under NCCL).")
-    return ""
-
-
-SAME_COLLECTIVES = ("every rank must make the same collectives, in the same order, with the same sizes; "
-         "skip a parameter whose .grad is None (frozen) on EVERY rank.")
+BUCKETED = Exercise(
+    key="lab02.bucketed", answer="BucketedDP", run=run, grade=grade_trained(0, sum_or_twice, hint),
+    visible=VISIBLE, hidden=HIDDEN, timeout=TIMEOUT, kind="class", rules=RULES,
+    on_hang="every rank must launch the same buckets in the same order, and finish() must wait for "
+            "every bucket it launched (including a last, partly filled one).",
+    on_error=error_hint)
