@@ -12,8 +12,9 @@ import torch.nn as nn
 
 from ...data import microbatches
 from ..harness import Exercise, Rule
+from ..records import events, ops, steps
 from .case import FROZEN, TIMEOUT, UNTIED, Case
-from .training import grade_trained, local_batch, none_grad_hint, per_step, ranks_differ, setup, step_result
+from .training import grade_trained, local_batch, none_grad_hint, ranks_differ, setup, step_result
 
 VISIBLE = ((2, (Case(batch=12, micro=3), Case(batch=8, micro=4, frozen=FROZEN))),)
 HIDDEN = ((3, (Case(batch=12, micro=2), Case(batch=6, micro=1),
@@ -56,15 +57,15 @@ def one_backward_each(records, case, n):
 
 def sync_once_at_end(records, case, n):
     for r, rec in enumerate(records):
-        for s, events in enumerate(per_step(rec)):
-            syncs = [e for e in events if e["event"] == "sync"]
+        for s, step in enumerate(steps(rec)):  # each closed by its "step" event
+            syncs = events(step, "sync")
             if not syncs:
                 return f"rank {r} never called sync(model) in step {s + 1}."
             if len(syncs) > 1:
                 return (f"rank {r} called sync(model) {len(syncs)} times in step {s + 1} with "
                         f"{case.micro} micro-batches: sync only on the last micro-step; syncing "
                         f"on every micro-step sends the gradients {len(syncs)} times for nothing.")
-            if syncs[0]["backward"] != events[-1]["backward"]:
+            if syncs[0]["backward"] != step["events"][-1]["backward"]:
                 return (f"rank {r} called sync(model) in step {s + 1} before the last backward, "
                         "so that micro-batch's gradient was never all-reduced.")
     return None
@@ -72,9 +73,9 @@ def sync_once_at_end(records, case, n):
 
 def no_own_collectives(records, case, n):
     for r, rec in enumerate(records):
-        if rec["calls"]:
-            return (f"rank {r} called dist.{rec['calls'][0]['op']} itself "
-                    f"({len(rec['calls'])} calls): sync(model) does the averaging.")
+        if own := ops(rec):
+            return (f"rank {r} called dist.{own[0]} itself "
+                    f"({len(own)} calls): sync(model) does the averaging.")
     return None
 
 
@@ -95,12 +96,12 @@ def scales(case, n) -> list:
 
 
 def hint(g, i, case, s, r) -> str:
-    steps = per_step(g.records[r][i])
-    syncs = [e for e in steps[s] if e["event"] == "sync"] if s < len(steps) else []
+    done = steps(g.records[r][i])
+    syncs = events(done[s], "sync") if s < len(done) else []
     if not syncs:
         return ("sync(model) was never called: the ranks' gradients were never averaged. Call it "
                 "once, after the LAST micro-batch's backward.")
-    if syncs[-1]["backward"] != steps[s][-1]["backward"]:
+    if syncs[-1]["backward"] != done[s]["events"][-1]["backward"]:
         return ("sync(model) ran before the last micro-batch's backward, so that gradient was "
                 "never all-reduced: call it after the loop.")
     return "the ranks used different gradients: some were never all-reduced." if ranks_differ(g, i, s) else ""

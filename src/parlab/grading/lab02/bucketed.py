@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from ...models import lm_loss
 from ..harness import Exercise, Rule
+from ..records import calls, ops
 from .case import FROZEN, SPARE, TIMEOUT, UNTIED, Case
 from .training import NOT_BACK, grade_trained, local_batch, ranks_differ, setup, step_result, sum_or_twice
 
@@ -79,15 +80,11 @@ def run(cls, case, i, spy):
 
 
 # ---------------------------------------------------------------- the rules
-def _all_reduce_calls(rec: dict) -> list[dict]:
-    return [c for c in rec["calls"] if c["op"] == "all_reduce"]
-
-
 def one_per_bucket(records, case, n):
     plan, _ = case_buckets(case)
     want = case.steps * len(plan)
     for r, rec in enumerate(records):
-        got, other = len(_all_reduce_calls(rec)), [c["op"] for c in rec["calls"] if c["op"] != "all_reduce"]
+        got, other = len(calls(rec, "all_reduce")), [op for op in ops(rec) if op != "all_reduce"]
         if other:
             return f"rank {r} called dist.{other[0]}; only one all_reduce per bucket is asked for."
         if got != want:
@@ -102,7 +99,7 @@ def one_per_bucket(records, case, n):
 
 def all_async(records, case, n):
     for r, rec in enumerate(records):
-        if any(not c["async"] for c in _all_reduce_calls(rec)):
+        if any(not c["async"] for c in calls(rec, "all_reduce")):
             return (f"rank {r} called all_reduce without async_op=True, so backward stops until "
                     "each bucket is sent. Launch it with async_op=True and keep the work object.")
     return None
@@ -111,10 +108,9 @@ def all_async(records, case, n):
 def launched_in_backward(records, case, n):
     _, incomplete = case_buckets(case)
     for r, rec in enumerate(records):
-        calls = _all_reduce_calls(rec)
-        late = sum(not c["in_backward"] for c in calls)
+        started, late = calls(rec, "all_reduce"), len(calls(rec, "all_reduce", backward=False))
         if late > case.steps * incomplete:
-            return (f"rank {r} launched {late} of {len(calls)} bucket all-reduces after backward "
+            return (f"rank {r} launched {late} of {len(started)} bucket all-reduces after backward "
                     "returned (in finish()?). Launch each bucket from the gradient hook as soon as "
                     "its last gradient arrives, so the communication overlaps the rest of backward.")
     return None
@@ -122,7 +118,7 @@ def launched_in_backward(records, case, n):
 
 def no_wait_in_hook(records, case, n):
     for r, rec in enumerate(records):
-        early = sum(c["waited_in_backward"] for c in _all_reduce_calls(rec))
+        early = sum(c["waited_in_backward"] for c in calls(rec, "all_reduce"))
         if early:
             return (f"rank {r} waited for {early} bucket all-reduces during backward (inside the "
                     "hook), so nothing overlapped: keep the work objects and wait in finish().")
@@ -131,9 +127,9 @@ def no_wait_in_hook(records, case, n):
 
 def never_waited(records) -> str | None:
     for r, rec in enumerate(records):
-        calls = _all_reduce_calls(rec)
-        if missed := sum(c["async"] and not c["waited"] for c in calls):
-            return (f"on rank {r}, {missed} of {len(calls)} async all-reduces were never waited on: "
+        started = calls(rec, "all_reduce")
+        if missed := sum(c["async"] and not c["waited"] for c in started):
+            return (f"on rank {r}, {missed} of {len(started)} async all-reduces were never waited on: "
                     "finish() must call work.wait() on every bucket before the optimizer uses the "
                     "gradients, or it may read half-reduced values.")
     return None
@@ -160,11 +156,11 @@ def hint(g, i, case, s, r) -> str:
     if waited:
         return waited
     plan, incomplete = case_buckets(case)
-    calls = g.at(i)[r][s]["calls"]
-    if s and calls < len(plan) and g.at(i)[r][0]["calls"] == len(plan):
-        return (f"step 1 launched {plural(len(plan), 'all-reduce')} but step {s + 1} only {calls}: reset your "
+    launched = g.at(i)[r][s]["calls"]
+    if s and launched < len(plan) and g.at(i)[r][0]["calls"] == len(plan):
+        return (f"step 1 launched {plural(len(plan), 'all-reduce')} but step {s + 1} only {launched}: reset your "
                 "bucket state at the end of finish() (call self._new_step()).")
-    if incomplete and calls < len(plan):
+    if incomplete and launched < len(plan):
         return (f"a bucket holding '{SPARE}', which got no gradient, never completed, so it was never "
                 "all-reduced: finish() must launch every bucket not launched yet, counting a "
                 "missing gradient as zeros.")

@@ -11,26 +11,22 @@ import torch
 from ...data import get_batch, shard_batch
 from ...launch.runtime import device
 from ..harness import Exercise, Graded
+from ..plain import plain
 from .case import DATA_SEED, TIMEOUT, Case
 
 VISIBLE = ((2, (Case(batch=8, seq=16), Case(batch=2, seq=4))),)
 HIDDEN = ((3, (Case(batch=6, seq=16), Case(batch=3, seq=5), Case(batch=12, seq=8))),)
 
 
-def _plain(x):
-    """What a student returned, as plain data: tensors on the CPU, other objects named."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().clone()
-    if isinstance(x, (tuple, list)):
-        return tuple(_plain(v) for v in x)
-    return x if x is None or isinstance(x, (bool, int, float, str)) else f"<{type(x).__name__}>"
-
-
 def run(fn, case, i, spy):
     # (B, s) each: the whole global batch; the answer returns its (B/n, s) block of each
     x, y = (t.to(device()) for t in get_batch(0, case.batch, case.seq, DATA_SEED))
     with spy.watch():
-        return _plain(fn(x.clone(), y.clone()))
+        got = fn(x.clone(), y.clone())
+    # what leaves the rank: tensors copied to the CPU, a list or any tuple (a namedtuple too) as a
+    # tuple, other objects named
+    return plain(tuple(got) if isinstance(got, (tuple, list)) else got, containers=(list, tuple),
+                 other="name")
 
 
 def grade(g: Graded) -> str | None:

@@ -12,9 +12,10 @@ import torch
 import torch.distributed as dist
 
 from ..harness import Exercise, Rule
+from ..records import events, steps
 from .case import DATA_SEED, INIT_SEED, TIMEOUT, Case
 from .training import (SAME_COLLECTIVES, grade_trained, hint_replicated, none_grad_hint, packed_grads,
-                       packed_params, per_step, setup, sum_or_twice)
+                       packed_params, setup, sum_or_twice)
 
 VISIBLE = ((2, (Case(model="llama", overrides=(), batch=8),)),)
 HIDDEN = ((3, (Case(model="llama", overrides=(), batch=6),
@@ -51,8 +52,8 @@ def uses_ddp(records, case, n):
 def own_rows(records, case, n):
     share = case.batch // n
     for r, rec in enumerate(records):
-        for s, events in enumerate(per_step(rec)):
-            rows = sum(e.get("rows", 0) for e in events if e["event"] == "forward")
+        for s, step in enumerate(steps(rec)):
+            rows = sum(e.get("rows", 0) for e in events(step, "forward"))
             if rows != share:
                 return (f"in step {s + 1}, rank {r}'s forward passes saw {rows} rows of the global "
                         f"batch of {case.batch}; its share is {share} rows.")

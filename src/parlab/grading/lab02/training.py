@@ -65,17 +65,6 @@ def step_result(model, opt) -> dict:
     return {"grads": grads, "params": packed_params(model)}
 
 
-def per_step(record: dict) -> list[list[dict]]:
-    """A record's events split at each "step" event: [[events of step 1, ..., its step], ...]."""
-    steps, current = [], []
-    for e in record["events"]:
-        current.append(e)
-        if e["event"] == "step":
-            steps.append(current)
-            current = []
-    return steps
-
-
 # ---------------------------------------------------------------- the reference
 @functools.lru_cache(maxsize=64)
 def reference(case: Case, seed: int):
