@@ -1,14 +1,17 @@
-"""Typical wrong answers to Lab 02's exercises (data parallelism).
+"""Lab 02's answers (data parallelism), in the four tables of tests/answer_suite.py.
 
-``WRONG`` maps each exercise of ``parlab.grading.lab02`` to a list of
-(fixture, words the check's message must contain).  ``WRONG_HIDDEN`` holds
-answers that pass the visible cases and only the hidden ones catch.
-``HANG`` makes the ranks disagree about their collectives; it is tested
-alone, with a short timeout.  tests/ranks/test_lab02.py runs every fixture.
+``CORRECT`` holds right answers written differently from the notebook's solution; ``WRONG``
+the mistakes students make, each with the words the check's message must contain;
+``WRONG_HIDDEN`` answers that pass the visible cases and only the hidden ones catch;
+``ALONE`` an answer whose ranks disagree about their collectives, graded alone with a
+short timeout.  tests/ranks/test_lab02.py runs every answer.
 """
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
+from parlab.data import get_batch
+from parlab.launch import device
 from parlab.models import lm_loss
 
 # ------------------------------------------------ 1a. broadcast_parameters
@@ -205,6 +208,18 @@ def accum_allreduces_itself(model, micro_batches, sync):
     for p in model.parameters():
         if p.grad is not None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def accum_logs_mean_loss(model, micro_batches, sync):
+    """Right gradients and one sync, but all-reduces the loss itself to log the mean over ranks."""
+    k = len(micro_batches)
+    total = 0.0
+    for x, y in micro_batches:
+        loss = lm_loss(model, x, y) / k
+        loss.backward()
+        total = total + loss.detach()
+    sync(model)
+    dist.all_reduce(total, op=dist.ReduceOp.AVG)
 
 
 # ------------------------------------------------ 4. BucketedDP
@@ -408,8 +423,6 @@ def ddp_hand_rolled(model):
 
 
 def _on_device(batch):
-    from parlab.launch import device
-
     return tuple(t.to(device()) for t in batch)
 
 
@@ -474,6 +487,241 @@ def train_never_steps(model, optimizer, steps, batch_size, seq_len, seed):
         lm_loss(model, x, y).backward()
 
 
+# ------------------------------------------------ right answers, written differently
+
+
+def broadcast_each(model):
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+
+
+def broadcast_flat(model):
+    """One broadcast of all parameters flattened together, then copied back."""
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    dist.broadcast(flat, src=0)
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(flat, params)
+
+
+def broadcast_state_dict(model):
+    """Buffers too, through the state dict (its tensors share the parameters' storage)."""
+    for t in model.state_dict().values():
+        dist.broadcast(t, src=0)
+
+
+def batch_slices(x, y):
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = x.size(0) // n
+    return x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
+
+
+def batch_chunk(x, y):
+    r, n = dist.get_rank(), dist.get_world_size()
+    return x.chunk(n)[r], y.chunk(n)[r]
+
+
+def batch_tensor_split(x, y):
+    r, n = dist.get_rank(), dist.get_world_size()
+    return torch.tensor_split(x, n)[r], torch.tensor_split(y, n)[r]
+
+
+def batch_narrow_list(x, y):
+    """narrow() views, returned as a list rather than a tuple."""
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = x.size(0) // n
+    return [x.narrow(0, r * per, per), y.narrow(0, r * per, per)]
+
+
+def allreduce_sum_then_divide(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+def allreduce_avg_each(model):
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+def allreduce_async_all(model):
+    """Launch every all-reduce at once, then wait for all of them."""
+    works = [(p, dist.all_reduce(p.grad, async_op=True)) for p in model.parameters()
+             if p.grad is not None]
+    for p, work in works:
+        work.wait()
+        p.grad /= dist.get_world_size()
+
+
+def allreduce_flat_avg(model):
+    """All gradients in one flat tensor, ReduceOp.AVG, copied back."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def accum_scaled_loss(model, micro_batches, sync):
+    k = len(micro_batches)
+    for x, y in micro_batches:
+        (lm_loss(model, x, y) / k).backward()
+    sync(model)
+
+
+def accum_autograd_backward(model, micro_batches, sync):
+    """torch.autograd.backward instead of loss.backward()."""
+    for x, y in micro_batches:
+        torch.autograd.backward(lm_loss(model, x, y) / len(micro_batches))
+    sync(model)
+
+
+def accum_scale_grads_after(model, micro_batches, sync):
+    """Unscaled losses, then the summed gradients divided by k before the one sync."""
+    for x, y in micro_batches:
+        lm_loss(model, x, y).backward()
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad /= len(micro_batches)
+    sync(model)
+
+
+class BucketsFlat(_Buckets):
+    """The reference switches of the fixture class: flat buckets, SUM then divide."""
+
+
+class BucketsAvgViews:
+    """Another way: per-bucket flat buffer filled as gradients arrive, ReduceOp.AVG, futures."""
+
+    def __init__(self, model, bucket_bytes):
+        self.buckets, cur, size = [], [], 0
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):
+            cur.append(p)
+            size += p.numel() * p.element_size()
+            if size >= bucket_bytes:
+                self.buckets.append(cur)
+                cur, size = [], 0
+        if cur:
+            self.buckets.append(cur)
+        self.index = {id(p): (b, i) for b, ps in enumerate(self.buckets) for i, p in enumerate(ps)}
+        self.buffers = [torch.zeros(sum(p.numel() for p in ps), device=ps[0].device)
+                        for ps in self.buckets]
+        self.filled = [0] * len(self.buckets)
+        self.futures = []
+        for ps in self.buckets:
+            for p in ps:
+                p.register_post_accumulate_grad_hook(self.ready)
+
+    def ready(self, p):
+        b, i = self.index[id(p)]
+        start = sum(q.numel() for q in self.buckets[b][:i])
+        self.buffers[b][start:start + p.numel()].copy_(p.grad.reshape(-1))
+        self.filled[b] += 1
+        if self.filled[b] == len(self.buckets[b]):
+            self._send(b)
+
+    def _send(self, b):
+        work = dist.all_reduce(self.buffers[b], op=dist.ReduceOp.AVG, async_op=True)
+        self.futures.append((b, work.get_future()))
+
+    def finish(self):
+        sent = {b for b, _ in self.futures}
+        for b in range(len(self.buckets)):
+            if b not in sent:  # some parameter got no gradient: its slice is still zero
+                self._send(b)
+        torch.futures.wait_all([f for _, f in self.futures])
+        for b, _ in self.futures:
+            start = 0
+            for p in self.buckets[b]:
+                piece = self.buffers[b][start:start + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = piece.clone()
+                else:
+                    p.grad.copy_(piece)
+                start += p.numel()
+        for buf in self.buffers:
+            buf.zero_()
+        self.futures, self.filled = [], [0] * len(self.buckets)
+
+
+def ddp_plain(model):
+    return DistributedDataParallel(model)
+
+
+def ddp_small_buckets(model):
+    return DistributedDataParallel(model, bucket_cap_mb=0.01)
+
+
+def ddp_find_unused(model):
+    return DistributedDataParallel(model, find_unused_parameters=True)
+
+
+def _local_batch(step, batch_size, seq_len, seed, split):
+    return _on_device(split(*get_batch(step, batch_size, seq_len, seed)))
+
+
+def train_own_functions(model, optimizer, steps, batch_size, seq_len, seed):
+    broadcast_each(model)
+    for step in range(steps):
+        x, y = _local_batch(step, batch_size, seq_len, seed, batch_slices)
+        optimizer.zero_grad()
+        lm_loss(model, x, y).backward()
+        allreduce_sum_then_divide(model)
+        optimizer.step()
+
+
+def train_flat_functions(model, optimizer, steps, batch_size, seq_len, seed):
+    """The other correct versions of the lab's functions, and set_to_none=False."""
+    broadcast_flat(model)
+    for step in range(steps):
+        x, y = _local_batch(step, batch_size, seq_len, seed, batch_tensor_split)
+        optimizer.zero_grad(set_to_none=False)
+        lm_loss(model, x, y).backward()
+        allreduce_flat_avg(model)
+        optimizer.step()
+
+
+def train_logs_full_loss(model, optimizer, steps, batch_size, seq_len, seed):
+    """Also evaluates the whole global batch under no_grad, for a log line: trains nothing."""
+    broadcast_each(model)
+    for step in range(steps):
+        x, y = _local_batch(step, batch_size, seq_len, seed, batch_chunk)
+        optimizer.zero_grad()
+        lm_loss(model, x, y).backward()
+        allreduce_avg_each(model)
+        optimizer.step()
+        with torch.no_grad():
+            lm_loss(model, *_local_batch(step, batch_size, seq_len, seed, lambda *b: b))
+
+
+# ------------------------------------------------ graded alone: the ranks disagree
+
+
+def allreduce_rank_dependent(model):
+    """Rank 0 skips parameters without a gradient; the others all-reduce zeros for them."""
+    for p in model.parameters():
+        if p.grad is None:
+            if dist.get_rank() == 0:
+                continue
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
+
+
+CORRECT = {
+    "broadcast": [broadcast_each, broadcast_flat, broadcast_state_dict],
+    "shard": [batch_slices, batch_chunk, batch_tensor_split, batch_narrow_list],
+    "allreduce": [allreduce_sum_then_divide, allreduce_avg_each, allreduce_async_all,
+                  allreduce_flat_avg],
+    "accum": [accum_scaled_loss, accum_autograd_backward, accum_scale_grads_after],
+    "bucketed": [BucketsFlat, BucketsAvgViews],
+    "ddp": [ddp_plain, ddp_small_buckets, ddp_find_unused],
+    "train": [train_own_functions, train_flat_functions, train_logs_full_loss],
+}
+
 _NOT_BACK = "never reached p.grad: torch.cat makes a copy, so copy the bucket back into each p.grad"
 
 WRONG = {
@@ -499,7 +747,8 @@ WRONG = {
               (accum_divides_twice, "number of micro-batches (3) twice"),
               (accum_syncs_before_last_backward, "before the last micro-batch's backward"),
               (accum_one_backward, "one backward over the summed losses"),
-              (accum_allreduces_itself, "never called sync(model)")],
+              (accum_allreduces_itself, "never called sync(model)"),
+              (accum_logs_mean_loss, "called dist.all_reduce itself")],
     "bucketed": [(BucketsSum, "summed, not averaged"),
                  (BucketsNeverWaited, "never waited on"),
                  (BucketsNoReset, "reset your bucket state"),
@@ -527,15 +776,6 @@ WRONG_HIDDEN = {
     "shard": [(batch_assumes_two_ranks, "returned x of shape")],
 }
 
-
-def allreduce_rank_dependent(model):
-    """Rank 0 skips parameters without a gradient; the others all-reduce zeros for them."""
-    for p in model.parameters():
-        if p.grad is None:
-            if dist.get_rank() == 0:
-                continue
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
-
-
-HANG = (allreduce_rank_dependent, "same collectives")
+ALONE = {
+    "allreduce": [(allreduce_rank_dependent, ("allreduce_rank_dependent", "same collectives"))],
+}
