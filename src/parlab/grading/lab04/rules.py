@@ -1,4 +1,4 @@
-"""Lab 04's rules, judged on the spy's records of each stage.
+"""Lab 04's rules for exercises 1-3, as the notebook states them, judged on the spy's records.
 
 A record holds every dist call (op, peer, elements) and the events the
 runner noted: "step" at the start of each training step and "forward" each
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from ..harness import Rule
 from ..spy import COLLECTIVES, used
 
 
@@ -138,3 +139,24 @@ def released_after_backward(records, case, n):
                         "GPipe, although its order of passes is 1F1B's. Pop each micro-batch's "
                         "input and output from your lists (or set them to None) after its backward.")
     return None
+
+
+# ---------------------------------------------------------------- the rules as the notebook states them
+_P2P_SAYS = ("Use only `dist.send`, `dist.recv`, `dist.isend` and `dist.irecv` (or "
+             "`dist.batch_isend_irecv`): no collective.")
+_MSG_SAYS = ("Per micro-batch, stage r sends its output to stage r + 1 and the gradient of its "
+             "input to stage r − 1, one message of `shape` each, and sends nothing else.")
+
+#: Every schedule exercise's: point-to-point messages only, one each way per micro-batch.
+COMMON = (Rule(_P2P_SAYS, no_collective), Rule(_MSG_SAYS, messages))
+GPIPE = COMMON + (Rule("Run all m forward passes before the first backward, then one backward per "
+                       "micro-batch.", gpipe_order),)
+ONE_F_ONE_B = COMMON + (
+    Rule("Stage r runs min(p − r − 1, m) warm-up forwards, then alternates one forward and one "
+         "backward, then runs the remaining backwards: one backward per micro-batch.",
+         one_f_one_b_order),
+    Rule("Stage r never holds the activations of more than min(p − r, m) micro-batches at once.",
+         memory_bound),
+    Rule("Release each micro-batch after its backward: drop your references to its input and "
+         "output (pop them from your queue), so that at each forward at most one finished "
+         "micro-batch is still referenced (by a loop variable).", released_after_backward))
