@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import random
 
-import torch
-
 from ...parallel.pp_schedule import ideal_schedule
 from ..harness import Graded
-from ..numbers import number_message, plain_number, shown
+from ..numbers import number_message, shown
+from ..plain import NUMBERS, plain
 
 
 def _spans(p: int, m: int, schedule: str, v: int = 1, forward: float = 1.0, backward: float = 2.0,
@@ -71,9 +70,7 @@ def _as_spans(case) -> list:
 def run(fn, case, i, spy):
     with spy.watch():
         got = fn(_as_spans(case))
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    return plain_number(got)
+    return plain(got, keep=NUMBERS, tensors="number", containers=())
 
 
 def _alternatives(spans) -> list[tuple[float, str]]:

@@ -5,18 +5,21 @@ The student's ``predict_pipeline(p, m, schedule, rank, mb_bytes)`` returns
 m micro-batches, and the bytes of activations stage ``rank`` holds at its
 peak.  The reference is ``parlab.cost``'s ``bubble_fraction`` and
 ``activations_held``; the hints name the usual wrong formulas, and the rule
-forbids calling ``parlab.cost`` itself.
+(``predictions.NO_COST``) forbids calling ``parlab.cost`` itself.  The answer
+is a pair, two numbers with hints of their own, where
+``parlab.grading.predictions.prediction`` grades one number per call: the
+runner and the grader here are this exercise's own.
 """
 from __future__ import annotations
 
-import torch
-
 from ... import cost
-from ..calls import NO_COST_SAYS, no_cost_calls, watched_cost_call
-from ..harness import Graded, Rule
-from ..numbers import number_message, plain_number
+from ..calls import watched_cost_call
+from ..harness import Graded
+from ..numbers import number_message
+from ..plain import NUMBERS, plain
+from ..predictions import NO_COST
 
-RULES = (Rule(NO_COST_SAYS, no_cost_calls),)
+RULES = (NO_COST,)
 
 #: Test sets: ((1, ((p, m, schedule, rank, mb_bytes), ...)),).
 VISIBLE = ((1, ((4, 8, "gpipe", 0, 1000), (4, 8, "1f1b", 0, 1000), (4, 8, "1f1b", 2, 4096),
@@ -28,8 +31,7 @@ HIDDEN = ((1, ((8, 32, "1f1b", 3, 3 * 2**20), (2, 1, "gpipe", 1, 64), (3, 7, "1f
 def run(fn, case, i, spy):
     got = watched_cost_call(spy, fn, *case)
     if isinstance(got, (tuple, list)) and len(got) == 2:
-        return [plain_number(v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-                for v in got]
+        return [plain(v, keep=NUMBERS, tensors="number", containers=()) for v in got]
     return {"not_a_pair": repr(got)[:200]}
 
 

@@ -29,6 +29,7 @@ from ...models import lm_loss, tiny_gpt
 from ...parallel.pp_stages import gpt_stage, held_activations
 from ..harness import Graded
 from ..numbers import number_message
+from ..plain import plain
 
 # The seeds of every lab 04 case: the model's initial weights and the batches.
 INIT_SEED, DATA_SEED = 5, 11
@@ -90,11 +91,8 @@ def _flat_cpu(tensors) -> torch.Tensor:
 
 
 def _plain_loss(x):
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        return float(x.detach().cpu())
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return float(x)
-    return None if x is None else f"<{type(x).__name__}>"
+    """The returned loss: a float (from a number or a one-element tensor), None, or "<TypeName>"."""
+    return plain(x, keep=(float,), tensors="number", containers=(), as_float=True, other="name")
 
 
 def _one_microbatch_bytes(stage, case: Case) -> int:
