@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from ..records import calls, events, steps, used
 from ..harness import Rule
+from ..records import calls, events, steps, used
 from ..spy import COLLECTIVES
 
 
