@@ -1,10 +1,13 @@
 """Answers to Lab 04's schedule exercises (pipeline parallelism), right and wrong.
 
-``CORRECT`` maps each exercise to answers written differently from the
-solution that must pass.  ``WRONG`` maps each exercise to (fixture, words the
-check's message must contain).  ``DEADLOCK`` hangs (blocking sends that face
-each other) and ``DETACHED`` raises on some stages; tests/ranks/test_lab04.py runs
-those two alone, through the public check, with a short timeout.
+The four tables of tests/answer_suite.py, keyed by ``parlab.grading.lab04.EXERCISES``:
+``CORRECT`` (right answers written differently from the notebook's solution),
+``WRONG`` and ``ALONE``, each wrong answer with the words the check's message
+must contain; no answer of this lab is wrong only on the hidden cases
+(``WRONG_HIDDEN`` is empty).  ``ALONE`` holds the answer that hangs (blocking
+sends that face each other) and the one that raises on some stages; the
+suite grades those one at a time, through the public check, with a short
+timeout.  tests/ranks/test_lab04.py runs every answer.
 
 Every answer gets ``stage`` (this rank's ``GPTStage``), the micro-batches as
 (x, y) pairs (one pair for Exercise 1) and ``shape``, one activation's shape.
@@ -43,13 +46,31 @@ def _forward_mb(stage, x, y, shape, m, losses, send, divide=True):
     return inp, out
 
 
-def _gpipe(stage, micro_batches, shape, *, divide=True, zero_between=False, loss_to_first=False,
-           one_backward=False, backward_order=None):
+def _share_loss(stage, mean, how):
+    """The mean loss as the last stage holds it, or, a mistake, shared with other stages:
+    ``how="to_first"`` sends it to stage 0 (a message that is not an activation or gradient),
+    ``how="all_reduce"`` sums it over every stage (a collective)."""
+    if how == "to_first" and stage.is_last:
+        dist.send(mean.reshape(1), 0)
+    elif how == "to_first" and stage.is_first:
+        mean = torch.empty(1, device=parlab.device())
+        dist.recv(mean, dist.get_world_size() - 1)
+    elif how == "all_reduce":
+        total = mean.reshape(1).clone() if stage.is_last else torch.zeros(1, device=parlab.device())
+        dist.all_reduce(total)
+        mean = total[0]
+    return mean
+
+
+def _gpipe(stage, micro_batches, shape, *, divide=True, zero_between=False, share_loss=None,
+           one_backward=False, backward_order=None, barrier=False):
     """GPipe with blocking send/recv, with switches for the mistakes below."""
     rank, m = dist.get_rank(), len(micro_batches)
     kept, losses = [], []
     for x, y in micro_batches:
         kept.append(_forward_mb(stage, x, y, shape, m, losses, dist.send, divide))
+    if barrier:
+        dist.barrier()
     if stage.is_last and one_backward:
         sum(out for _, out in kept).backward()
     for i in backward_order or range(m):
@@ -63,17 +84,11 @@ def _gpipe(stage, micro_batches, shape, *, divide=True, zero_between=False, loss
             out.backward(_recv(shape, rank + 1))
         if not stage.is_first:
             dist.send(inp.grad, rank - 1)
-    mean = torch.stack(losses).mean() if stage.is_last else None
-    if loss_to_first and stage.is_last:
-        dist.send(mean.reshape(1), 0)
-    elif loss_to_first and stage.is_first:
-        mean = torch.empty(1, device=parlab.device())
-        dist.recv(mean, dist.get_world_size() - 1)
-    return mean
+    return _share_loss(stage, torch.stack(losses).mean() if stage.is_last else None, share_loss)
 
 
 def _one_f_one_b(stage, micro_batches, shape, *, warmup=None, blocking=False, divide=True,
-                 retain=False, keep=False, last=None):
+                 retain=False, keep=False, last=None, share_loss=None):
     """1F1B with isend for every message, with switches for the mistakes below (and ``last``, a
     list that keeps the micro-batch of the latest backward alive until the next one)."""
     rank, p, m = dist.get_rank(), dist.get_world_size(), len(micro_batches)
@@ -108,7 +123,7 @@ def _one_f_one_b(stage, micro_batches, shape, *, warmup=None, blocking=False, di
         backward(i)
     for work, _ in pending:
         work.wait()
-    return torch.stack(losses).mean() if stage.is_last else None
+    return _share_loss(stage, torch.stack(losses).mean() if stage.is_last else None, share_loss)
 
 
 # ------------------------------------------------ 1. one micro-batch: correct, written differently
@@ -164,7 +179,7 @@ def single_batch_p2p(stage, x, y, shape):
 # ------------------------------------------------ 1. one micro-batch: wrong
 def single_sends_loss_back(stage, x, y, shape):
     """Right, then the last stage also sends its loss back to stage 0 "so rank 0 can print it"."""
-    out = _gpipe(stage, [(x, y)], shape, loss_to_first=True)
+    out = _gpipe(stage, [(x, y)], shape, share_loss="to_first")
     return out
 
 
@@ -242,7 +257,13 @@ def gpipe_one_backward(stage, micro_batches, shape):
 
 
 def gpipe_sends_loss_back(stage, micro_batches, shape):
-    return _gpipe(stage, micro_batches, shape, loss_to_first=True)
+    return _gpipe(stage, micro_batches, shape, share_loss="to_first")
+
+
+def gpipe_barrier_between_phases(stage, micro_batches, shape):
+    """Right, with a dist.barrier() between the forwards and the backwards "so that every stage
+    has finished its forwards" (the messages already order them)."""
+    return _gpipe(stage, micro_batches, shape, barrier=True)
 
 
 def gpipe_is_1f1b(stage, micro_batches, shape):
@@ -357,6 +378,16 @@ def ofob_keeps_references(stage, micro_batches, shape):
 
 def ofob_loss_not_divided(stage, micro_batches, shape):
     return _one_f_one_b(stage, micro_batches, shape, divide=False)
+
+
+def ofob_all_reduces_loss(stage, micro_batches, shape):
+    """Right, then sums the loss over every stage with dist.all_reduce so that each rank can log it."""
+    return _one_f_one_b(stage, micro_batches, shape, share_loss="all_reduce")
+
+
+def ofob_sends_loss_to_first(stage, micro_batches, shape):
+    """Right, then the last stage sends the mean loss to stage 0 "so rank 0 can print it"."""
+    return _one_f_one_b(stage, micro_batches, shape, share_loss="to_first")
 
 
 def ofob_blocking_sends(stage, micro_batches, shape):
@@ -485,12 +516,11 @@ def predict_counts_not_bytes(p, m, schedule, rank, mb_bytes):
 
 
 CORRECT = {
-    "single": {"single_isend_irecv": single_isend_irecv, "single_batch_p2p": single_batch_p2p},
-    "gpipe": {"gpipe_blocking": gpipe_blocking, "gpipe_reverse_backward": gpipe_reverse_backward},
-    "1f1b": {"ofob_isend": ofob_isend, "ofob_megatron_pairs": ofob_megatron_pairs,
-             "ofob_keeps_latest": ofob_keeps_latest},
-    "bubble": {"bubble_by_events": bubble_by_events},
-    "prediction": {"predict_with_min": predict_with_min},
+    "single": [single_isend_irecv, single_batch_p2p],
+    "gpipe": [gpipe_blocking, gpipe_reverse_backward],
+    "1f1b": [ofob_isend, ofob_megatron_pairs, ofob_keeps_latest],
+    "bubble": [bubble_by_events],
+    "prediction": [predict_with_min],
 }
 
 WRONG = {
@@ -503,13 +533,16 @@ WRONG = {
               (gpipe_returns_sum, "SUM of the"),
               (gpipe_one_backward, "call backward once per micro-batch"),
               (gpipe_sends_loss_back, "(the loss?)"),
-              (gpipe_is_1f1b, "forwards before its first backward")],
+              (gpipe_is_1f1b, "forwards before its first backward"),
+              (gpipe_barrier_between_phases, "called dist.barrier")],
     "1f1b": [(ofob_all_forward_first, "forwards before its first backward"),
              (ofob_warmup_p_minus_r, "warm-up forwards"),
              (ofob_warmup_same_everywhere, "warm-up forwards"),
              (ofob_retain_graph, "retain_graph"),
              (ofob_keeps_references, "whose backward had already run"),
-             (ofob_loss_not_divided, "Divide each micro-batch's loss by m")],
+             (ofob_loss_not_divided, "Divide each micro-batch's loss by m"),
+             (ofob_all_reduces_loss, "called dist.all_reduce"),
+             (ofob_sends_loss_to_first, "(the loss?)")],
     "bubble": [(bubble_own_window, "SAME window"), (bubble_counts_comm, "send and recv"),
                (bubble_sums_durations, "union"), (bubble_megatron, "Megatron's ratio"),
                (bubble_per_stage, "return ONE number"),
@@ -520,7 +553,11 @@ WRONG = {
                    (predict_from_cost, "parlab.cost.bubble_fraction")],
 }
 
-#: Run alone: hangs until the process-group timeout.
-DEADLOCK = (ofob_blocking_sends, "send")
-#: Run alone: raises on every stage but the first, while stage 0 waits.
-DETACHED = (single_detached_input, "requires_grad_()")
+WRONG_HIDDEN: dict = {}
+
+ALONE = {
+    # hangs until the process group's timeout; the message names the rank, its stage and the send
+    "1f1b": [(ofob_blocking_sends, ("send", "rank", "stage"))],
+    # raises on every stage but the first, while stage 0 waits
+    "single": [(single_detached_input, "requires_grad_()")],
+}

@@ -1,35 +1,30 @@
-"""Lab 04's rules, judged on the spy's records of each stage.
+"""Lab 04's rules for exercises 1-3, as the notebook states them, judged on the spy's records.
 
 A record holds every dist call (op, peer, elements) and the events the
-runner noted: "step" at the start of each training step and "forward" each
-time the stage's forward ran, each carrying the number of backward passes
-(and dist calls) seen so far.  From these the rules rebuild, per step and
-per stage, the messages sent and the order of forwards and backwards.
+runner noted: "step" at the start of each training step, "forward" each
+time the stage's forward ran and "held" after the step's passes, each
+carrying the number of backward passes (and dist calls) seen so far.
+``parlab.grading.records.steps`` cuts a record at each "step"; from a step the
+rules read the messages sent and the order of forwards and backwards.
 """
 from __future__ import annotations
 
 import math
 
-from ..spy import COLLECTIVES, used
+from ..harness import Rule
+from ..records import calls, events, steps, used
+from ..spy import COLLECTIVES
 
 
-def steps_of(record: dict) -> list[dict]:
-    """Per training step: its dist calls, the backwards run before each forward, its backwards,
-    and the activation bytes held (the "held" event)."""
-    out: list[dict] = []
-    for e in record["events"]:
-        if e["event"] == "step":
-            out.append({"start": e, "forwards": [], "held": None})
-        elif out and e["event"] == "forward":
-            out[-1]["forwards"].append(e["backward"] - out[-1]["start"]["backward"])
-        elif out and e["event"] == "held":
-            out[-1]["held"] = e
-    for k, step in enumerate(out):
-        end = (out[k + 1]["start"] if k + 1 < len(out)
-               else {"calls": len(record["calls"]), "backward": record["backward"]})
-        step["calls"] = record["calls"][step["start"]["calls"]:end["calls"]]
-        step["backwards"] = end["backward"] - step["start"]["backward"]
-    return out
+def _steps(record: dict) -> list[dict]:
+    """The record's training steps, each opened by its "step" event (``records.steps``)."""
+    return steps(record, "step", opens=True)
+
+
+def _forwards(step: dict) -> list[int]:
+    """For each forward of the step, how many of the step's backward passes had begun before it."""
+    start = step["events"][0]["backward"]  # the "step" event that opens it
+    return [e["backward"] - start for e in events(step, "forward")]
 
 
 def no_collective(records, case, n):
@@ -42,8 +37,8 @@ def no_collective(records, case, n):
 def messages(records, case, n):
     numel = math.prod(case.shape())
     for r, rec in enumerate(records):
-        for s, step in enumerate(steps_of(rec)):
-            sends = [c for c in step["calls"] if c["op"] in ("send", "isend")]
+        for s, step in enumerate(_steps(rec)):
+            sends = calls(step, "send", "isend")
             for c in sends:
                 if c["numel"] != numel:
                     what = " (the loss?)" if c["numel"] == 1 else ""
@@ -74,12 +69,12 @@ def _order(records, case, n, warmup, what: str):
     for r, rec in enumerate(records):
         w = warmup(n, r, case.m)
         want = [max(0, k - w) for k in range(case.m)]
-        for s, step in enumerate(steps_of(rec)):
-            got = step["forwards"]
+        for s, step in enumerate(_steps(rec)):
+            got = _forwards(step)
             if len(got) != case.m:
                 return f"in step {s + 1}, stage {r} ran its forward {len(got)} times for {case.m} micro-batches."
-            if step["backwards"] != case.m:
-                return (f"in step {s + 1}, stage {r} ran {step['backwards']} backward passes for "
+            if step["backward"] != case.m:
+                return (f"in step {s + 1}, stage {r} ran {step['backward']} backward passes for "
                         f"{case.m} micro-batches: call backward once per micro-batch.")
             if got != want:
                 before = sum(1 for b in got if b == 0)
@@ -115,10 +110,11 @@ def one_f_one_b_order(records, case, n):
 def memory_bound(records, case, n):
     for r, rec in enumerate(records):
         allowed = min(n - r, case.m)
-        for s, step in enumerate(steps_of(rec)):
-            held = step["held"]
-            if not held or not held["per_mb"]:
+        for s, step in enumerate(_steps(rec)):
+            noted = events(step, "held")
+            if not noted or not noted[-1]["per_mb"]:
                 continue
+            held = noted[-1]
             if held["peak"] > allowed * held["per_mb"]:
                 return (f"in step {s + 1}, stage {r} held {held['peak']} bytes of activations at once, "
                         f"{held['peak'] / held['per_mb']:.2f} micro-batches' worth ({held['per_mb']} bytes "
@@ -130,11 +126,32 @@ def memory_bound(records, case, n):
 def released_after_backward(records, case, n):
     """1F1B: before each forward, at most one micro-batch whose backward ran is still referenced."""
     for r, rec in enumerate(records):
-        for e in rec["events"]:
-            if e["event"] == "forward" and e.get("finished_alive", 0) > 1:
+        for e in events(rec, "forward"):
+            if e.get("finished_alive", 0) > 1:
                 return (f"stage {r} still referenced {e['finished_alive']} micro-batches whose "
                         "backward had already run when it started a forward: their inputs and "
                         "outputs stay in memory, so the stage holds up to m micro-batches, as in "
                         "GPipe, although its order of passes is 1F1B's. Pop each micro-batch's "
                         "input and output from your lists (or set them to None) after its backward.")
     return None
+
+
+# ---------------------------------------------------------------- the rules as the notebook states them
+_P2P_SAYS = ("Use only `dist.send`, `dist.recv`, `dist.isend` and `dist.irecv` (or "
+             "`dist.batch_isend_irecv`): no collective.")
+_MSG_SAYS = ("Per micro-batch, stage r sends its output to stage r + 1 and the gradient of its "
+             "input to stage r − 1, one message of `shape` each, and sends nothing else.")
+
+#: Every schedule exercise's: point-to-point messages only, one each way per micro-batch.
+COMMON = (Rule(_P2P_SAYS, no_collective), Rule(_MSG_SAYS, messages))
+GPIPE = COMMON + (Rule("Run all m forward passes before the first backward, then one backward per "
+                       "micro-batch.", gpipe_order),)
+ONE_F_ONE_B = COMMON + (
+    Rule("Stage r runs min(p − r − 1, m) warm-up forwards, then alternates one forward and one "
+         "backward, then runs the remaining backwards: one backward per micro-batch.",
+         one_f_one_b_order),
+    Rule("Stage r never holds the activations of more than min(p − r, m) micro-batches at once.",
+         memory_bound),
+    Rule("Release each micro-batch after its backward: drop your references to its input and "
+         "output (pop them from your queue), so that at each forward at most one finished "
+         "micro-batch is still referenced (by a loop variable).", released_after_backward))
