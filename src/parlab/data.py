@@ -43,7 +43,7 @@ def encode(text: str) -> torch.Tensor:
 def decode(ids) -> str:
     """Token ids (tensor or list) -> text; invalid UTF-8 becomes U+FFFD."""
     if isinstance(ids, torch.Tensor):
-        ids = ids.reshape(-1).tolist()
+        ids = ids.reshape(-1).tolist()  # flat: every id, row-major (a (B, T) batch reads row by row)
     return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
@@ -151,7 +151,7 @@ def get_batch(step: int, batch_size: int, seq_len: int = 32, seed: int = 0
     starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=g)
     offsets = torch.arange(seq_len + 1)
     windows = data[starts[:, None] + offsets]  # (B, T+1)
-    return windows[:, :-1].clone(), windows[:, 1:].clone()
+    return windows[:, :-1].clone(), windows[:, 1:].clone()  # x, y: (B, T)
 
 
 def _check_divisible(total: int, parts: int, what: str, part_name: str) -> None:

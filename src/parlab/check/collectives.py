@@ -62,12 +62,12 @@ def _collective_message(got, exp, r, label, op_name, rtol, atol, n) -> tuple[str
     bad = _bad_mask(g, e, rt, at)
     if not bool(bad.any()):
         return None
-    flat = bad.reshape(-1).nonzero().reshape(-1).tolist()
+    flat = bad.reshape(-1).nonzero().reshape(-1).tolist()  # flat: the differing elements' row-major indices
     where = "elements" if g.dim() <= 1 else f"flat elements (shape {tuple(g.shape)})"
     i = flat[0]
     msg = (f"rank {r}'s {label} differs from {op_name} at {where} {_runs(flat)} "
            f"({len(flat)} of {bad.numel()}); at element {i}: got "
-           f"{_num(g.reshape(-1)[i].item())}, expected {_num(e.reshape(-1)[i].item())}.")
+           f"{_num(g.reshape(-1)[i].item())}, expected {_num(e.reshape(-1)[i].item())}.")  # flat (numel,) views
     if g.dtype.is_floating_point and bool(g.isnan().any()):
         return msg + " The result contains NaN.", ""
     if g.dtype.is_floating_point or e.dtype.is_floating_point:

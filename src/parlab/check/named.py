@@ -30,8 +30,8 @@ def grad_scale(got: Mapping[str, Any], expected: Mapping[str, Any]) -> float | N
              isinstance(got.get(k), Tensor) and got[k].shape == e.shape]
     if not names:
         return None
-    g = torch.cat([got[k].reshape(-1).double() for k in names])
-    e = torch.cat([expected[k].reshape(-1).double() for k in names])
+    g = torch.cat([got[k].reshape(-1).double() for k in names])  # (Σ numel,): the gradients flat, end to end
+    e = torch.cat([expected[k].reshape(-1).double() for k in names])  # (Σ numel,), the same order as g
     norm = float(e @ e)
     if norm == 0.0:
         return None

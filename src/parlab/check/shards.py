@@ -81,7 +81,7 @@ def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 
     failures = []
     for r, p in enumerate(parts):
         msg = _shard_message(p, full, r, dim, offsets[r], real[r], name, unit, rtol, atol)
-        if msg is None and real[r] < p.shape[dim] and bool(p.narrow(dim, real[r], p.shape[dim] - real[r]).ne(0).any()):
+        if msg is None and real[r] < p.shape[dim] and bool(p.narrow(dim, real[r], p.shape[dim] - real[r]).ne(0).any()):  # the padding: p's shape, p.shape[dim] - real[r] along dim
             msg = (f"rank {r}: the padding of '{name}' ({unit} {real[r]}..{p.shape[dim] - 1} of "
                    "its shard) should be zeros")
         if msg:
@@ -98,7 +98,7 @@ def _locate(part: Tensor, full: Tensor, dim: int, rtol, atol) -> int | None:
         return None
     rt, at = _default_tols(part.dtype, full.dtype, rtol, atol)
     for o in range(full.shape[dim] - rows + 1):
-        if not bool(_bad_mask(part, full.narrow(dim, o, rows), rt, at).any()):
+        if not bool(_bad_mask(part, full.narrow(dim, o, rows), rt, at).any()):  # part's shape: full at o.. along dim
             return o
     return None
 
@@ -112,7 +112,7 @@ def _size_message(parts, full, dim, sizes, want, name, unit, rtol, atol) -> str:
             return head + f": looks like a split into {length // sizes[0]} pieces instead of {n}"
         if all(s == -(-length // n) for s in sizes):
             return head + ": every shard has ceil(len/n) rows; if that padding is intended pass padded=True"
-    elif torch.equal(torch.cat(parts, dim), full):
+    elif torch.equal(torch.cat(parts, dim), full):  # full's shape: the sizes add up here
         head += (" (they do reassemble, torch.chunk style; pass balanced=False to accept "
                  "unbalanced shards)")
     want_off = _offsets(want)
@@ -128,9 +128,9 @@ def _size_message(parts, full, dim, sizes, want, name, unit, rtol, atol) -> str:
 
 
 def _shard_message(part, full, r, dim, offset, rows, name, unit, rtol, atol) -> str | None:
-    got = part.narrow(dim, 0, rows)
+    got = part.narrow(dim, 0, rows)  # the shard less its padding: full's shape with rows along dim
     ref = f"{unit} {offset}..{offset + rows - 1} of the full tensor"
-    msg = _mismatch(got, full.narrow(dim, offset, rows), f"{name} shard", r, rtol, atol, ref=ref)
+    msg = _mismatch(got, full.narrow(dim, offset, rows), f"{name} shard", r, rtol, atol, ref=ref)  # got's shape
     found = _locate(got, full, dim, rtol, atol) if msg else None
     if found is None:  # wrong values, not just the right data at the wrong place
         return msg

@@ -83,9 +83,9 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
     else:
         g, e = got, exp
         diff = (g.to(torch.float64) - e.to(torch.float64)).abs()
-    flat = int(torch.where(bad, diff.to(torch.float64), -1.0).reshape(-1).argmax())
+    flat = int(torch.where(bad, diff.to(torch.float64), -1.0).reshape(-1).argmax())  # index into the flat (numel,) view
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape)) if bad.dim() else ()
-    gv, ev, dv = got.reshape(-1)[flat].item(), exp.reshape(-1)[flat].item(), diff.reshape(-1)[flat].item()
+    gv, ev, dv = got.reshape(-1)[flat].item(), exp.reshape(-1)[flat].item(), diff.reshape(-1)[flat].item()  # flat (numel,) views; got, exp, diff share a shape
     tol = "exactly" if rtol == 0 and atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
     msg = (f"{_who(rank)}'{name}' does not match {ref}: {n_bad} of {total} elements differ "
            f"({tol}). Largest absolute difference {dv:.3g} "
@@ -93,7 +93,7 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
            f"got {_num(gv)}, expected {_num(ev)}.")
     nan = got.isnan() & ~exp.isnan() if got.dtype.is_floating_point else None
     if nan is not None and bool(nan.any()):
-        first = int(nan.reshape(-1).nonzero()[0])
+        first = int(nan.reshape(-1).nonzero()[0])  # flat: the first NaN's row-major index
         nidx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), nan.shape)) if nan.dim() else ()
         return msg + (f" {int(nan.sum())} element(s) are NaN (first at index {nidx}): look for "
                       "a division by zero, log(0), or an uninitialised buffer (torch.empty).")

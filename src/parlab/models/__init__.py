@@ -51,4 +51,4 @@ def lm_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch
     model: it would shift them a second time.
     """
     logits = logits_of(model, idx)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))  # (B·T, V) against (B·T,)

@@ -61,12 +61,12 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         # The number of heads is inferred (-1) rather than read from the config,
         # so a column-parallel q/k/v that holds only some heads still works.
-        q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, hd); H = n_head, or n_head/n on a TP rank
+        k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
+        v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        y = y.transpose(1, 2).reshape(B, T, -1)  # heads back side by side
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H·hd): heads side by side again
         return self.o(y)
 
 
@@ -160,7 +160,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))  # (B·T, V) against (B·T,)
         return logits, loss
 
 

@@ -68,9 +68,9 @@ def route(router: nn.Linear, x: torch.Tensor, top_k: int, capacity_factor: float
     cap = capacity(x.shape[0], top_k, probs.shape[-1], capacity_factor)
     if cap is None:
         return expert, weight, torch.ones_like(expert, dtype=torch.bool)
-    flat = expert.reshape(-1)  # token-major: token 0's choices first
-    seen = F.one_hot(flat, probs.shape[-1]).cumsum(0).gather(1, flat[:, None]).squeeze(1)
-    return expert, weight, (seen <= cap).reshape(expert.shape)
+    flat = expert.reshape(-1)  # (T·top_k,), token-major: token 0's choices first
+    seen = F.one_hot(flat, probs.shape[-1]).cumsum(0).gather(1, flat[:, None]).squeeze(1)  # (T·top_k,): its expert's count so far, itself included
+    return expert, weight, (seen <= cap).reshape(expert.shape)  # kept: (T, top_k) again
 
 
 class MoE(nn.Module):

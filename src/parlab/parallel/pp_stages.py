@@ -94,7 +94,7 @@ class GPTStage(nn.Module):
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy, as ``parlab.models.lm_loss`` computes it."""
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))  # (b·T, V) against (b·T,), b a micro-batch
 
     def extra_repr(self) -> str:
         return f"stage {self.rank} of {self.p}, blocks {list(self.layers)}"
