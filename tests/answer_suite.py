@@ -89,17 +89,23 @@ class AnswerSuite:
                 batch.setdefault(self.exercises[key], {}).update({_name(a): a for a in answers})
         return batch
 
+    # Class-scoped fixtures are classmethods (pytest runs them once per class, not per test
+    # instance); the suite's methods are called on an instance of the lab's class.
     @pytest.fixture(scope="class")
-    def visible(self) -> dict:
-        batch = self._batch(("CORRECT", "WRONG", "WRONG_HIDDEN"))
-        for ex, answers in self.extra_visible().items():
+    @classmethod
+    def visible(cls) -> dict:
+        suite = cls()
+        batch = suite._batch(("CORRECT", "WRONG", "WRONG_HIDDEN"))
+        for ex, answers in suite.extra_visible().items():
             batch.setdefault(ex, {}).update(answers)
-        return short_keys(harness.grade_batch(batch, timeout=self.batch_timeout))
+        return short_keys(harness.grade_batch(batch, timeout=suite.batch_timeout))
 
     @pytest.fixture(scope="class")
-    def hidden(self) -> dict:
-        return short_keys(harness.grade_batch(self._batch(self.hidden_tables), hidden=True,
-                                              timeout=self.batch_timeout))
+    @classmethod
+    def hidden(cls) -> dict:
+        suite = cls()
+        return short_keys(harness.grade_batch(suite._batch(suite.hidden_tables), hidden=True,
+                                              timeout=suite.batch_timeout))
 
     # ------------------------------------------------------------ the generic checks
     def test_the_tables_name_the_labs_exercises(self):
