@@ -102,8 +102,8 @@ node's GPUs and grows with the group as the depth of NCCL's tree, log2(n)
 (``group_latency``); point-to-point hops (PP, CP's ring) pay it once.  DP's
 gradient buckets are Megatron-Core's default, max(40M, 1M·dp) parameters each
 (``DistributedDataParallelConfig.bucket_size``).
-With ``Cluster(calibrated=True)`` (issue 30, item 3; not yet the default, docs/planner.md measures
-the band both ways) three more terms:
+With ``Cluster(calibrated=True)`` (issue 30, item 3; not the default: docs/planner.md measures the
+band both ways and why its cap, a clamp, ties the lecture's fastest plans) three more terms:
   memory    the memory-bound kernels at ``Cluster.hbm_bandwidth`` (``_memory_bound_bytes``: norms,
             residual adds, the MLP's activation, dropout, stored scores' softmax; the loss over
             fp32 logits on the last stage), part of each micro-batch's stage time;
@@ -311,8 +311,9 @@ class Cluster:
     58.2 %, torchtitan's Llama 3 8B with FSDP on 64 A100s, docs/performance.md at 1d5815c).
     ``calibrated``: True times the memory-bound kernels and the optimizer step from
     ``hbm_bandwidth``, fused causal attention at its real work (half the scores) and caps
-    the MFU at ``best_mfu`` (issue 30, item 3); False (the default, for now) is planner v3's
-    time model, which the labs and the deck quote.  docs/planner.md measures the band both ways.
+    the MFU at ``best_mfu`` (issue 30, item 3); False (the default) is planner v3's
+    time model, which the labs and the deck quote.  docs/planner.md measures the band both ways and
+    says why the calibrated model is not the default (the cap ties every plan it binds on).
     """
 
     gpus: int
