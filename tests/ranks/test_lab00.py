@@ -16,7 +16,8 @@ import pytest
 from answer_suite import AnswerSuite
 from parlab.grading import harness, lab00
 from parlab.grading.lab00 import hello
-from parlab.grading.numbers import number_message, plain_number
+from parlab.grading.numbers import number_message
+from parlab.grading.plain import plain_number
 from wrong_answers import lab00 as answers
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
@@ -69,7 +70,8 @@ class TestAnswers(AnswerSuite):
     def test_the_hidden_cases_alone_catch_every_wrong_answer(self, hidden):
         for key, pairs in answers.WRONG.items():
             for answer, _ in pairs:
-                assert hidden[(key, answer.__name__)] is not None, f"{answer.__name__} passed the hidden {key} check"
+                message = hidden[(key, answer.__name__)]
+                assert message is not None, f"{answer.__name__} passed the hidden {key} check"
 
 
 def test_public_checks_pass_and_fail_like_the_batch(capsys):

@@ -16,7 +16,8 @@ from functools import partial
 
 from ... import cost
 from ..harness import Exercise, Graded
-from ..numbers import distinct, number_message, plain_number
+from ..numbers import distinct, number_message
+from ..plain import plain_number
 from .call import Call
 
 GB, GIB = 1e9, 2.0**30

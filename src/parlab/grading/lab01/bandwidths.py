@@ -15,6 +15,7 @@ from ...cost import algbw as ref_algbw
 from ...cost import busbw as ref_busbw
 from ..harness import Exercise, Graded
 from ..numbers import assert_number
+from ..plain import NUMBERS, plain
 
 # (numel, dtype, seconds, world_size); sizes in bytes as nccl-tests counts them.
 VISIBLE = ((1, ((3 * 2**18, "float64", 0.5, 2), (2**20, "float32", 0.01, 4),
@@ -28,14 +29,9 @@ def run(fn, case, i, spy):
     with spy.watch():
         got = fn(numel, getattr(torch, dtype), seconds, n)
     if isinstance(got, (tuple, list)) and len(got) == 2:
-        return [_plain_number(v) for v in got]
+        # a number, a one-element tensor's number, or anything else's repr
+        return [plain(v, keep=NUMBERS, tensors="number", containers=(), other="repr", clip=100) for v in got]
     return {"not_a_pair": repr(got)[:200]}
-
-
-def _plain_number(v):
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return v.item()
-    return v if isinstance(v, (int, float, bool)) or v is None else repr(v)[:100]
 
 
 def _mistakes(n: int, k: int, alg: float, bus: float):

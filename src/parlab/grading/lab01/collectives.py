@@ -20,7 +20,7 @@ import torch
 
 from ... import check
 from ..harness import Graded
-from ..spy import used
+from ..records import used
 
 
 @dataclass(frozen=True)
@@ -194,6 +194,7 @@ def _partial_sums(g: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
         return hit
     stack = torch.stack([x.to(torch.float64) for x in xs])  # (n, *shape): every rank's input
     for mask in range(1, 2**n - 1):
-        pick = torch.tensor([(mask >> j) & 1 for j in range(n)], dtype=torch.float64)  # (n,): 1 per rank summed
+        # (n,): 1 for each rank in the subset, 0 for the others
+        pick = torch.tensor([(mask >> j) & 1 for j in range(n)], dtype=torch.float64)
         hit |= check.close_mask(g, torch.tensordot(pick, stack, dims=1).to(xs[0].dtype))
     return hit

@@ -10,6 +10,7 @@ and number of messages.  Hidden: 3 ranks as exercise 1, and 2 ranks.
 from __future__ import annotations
 
 from ..harness import Exercise, Rule
+from ..records import calls
 from ..spy import COLLECTIVES
 from . import collectives as c
 from .collectives import Case
@@ -17,7 +18,7 @@ from .collectives import Case
 
 def neighbours(records, case, n):
     for r, rec in enumerate(records):
-        for call in rec["calls"]:
+        for call in calls(rec):
             if call["op"] in ("send", "isend") and call["peer"] not in (None, (r + 1) % n):
                 return (f"rank {r} sent to rank {call['peer']}; in a ring it sends only to its right "
                         f"neighbour {(r + 1) % n}.")
@@ -30,7 +31,7 @@ def neighbours(records, case, n):
 def chunks(records, case, n):
     chunk = -(-case.numel // n)  # ceil(numel / n): the largest of n chunks
     for r, rec in enumerate(records):
-        sends = [call for call in rec["calls"] if call["op"] in ("send", "isend")]
+        sends = calls(rec, "send", "isend")
         big = [call["numel"] for call in sends if call["numel"] > chunk]
         if big:
             return (f"rank {r} sent a message of {big[0]} elements; each message of a ring "

@@ -7,7 +7,7 @@ all-reduce, and both collectives called.
 from __future__ import annotations
 
 from ..harness import Exercise, Rule
-from ..spy import used
+from ..records import used
 from . import collectives as c
 
 

@@ -9,6 +9,7 @@ receives exactly one.
 from __future__ import annotations
 
 from ..harness import Exercise, Rule
+from ..records import calls
 from ..spy import COLLECTIVES
 from . import collectives as c
 from .collectives import Case
@@ -16,13 +17,13 @@ from .collectives import Case
 
 def fan_out(records, case, n):
     for r, rec in enumerate(records):
-        sends = [call for call in rec["calls"] if call["op"] in ("send", "isend")]
+        sends = calls(rec, "send", "isend")
         peers = sorted({call["peer"] for call in sends if call["peer"] is not None})
         if len(sends) > 2:
             return (f"rank {r} sent {len(sends)} messages (to ranks {peers}): a linear chain from "
                     "one rank, not a binary tree, where every rank sends to at most its two "
                     "children.")
-        recvs = [call for call in rec["calls"] if call["op"] in ("recv", "irecv")]
+        recvs = calls(rec, "recv", "irecv")
         if r != case.root and len(recvs) != 1:
             return f"rank {r} received {len(recvs)} messages; in a tree each non-root rank receives once."
     return None
