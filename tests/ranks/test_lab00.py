@@ -1,28 +1,36 @@
-"""Lab 00's checks: the solution passes, every typical wrong answer is caught
-with a message naming its mistake, and right answers written differently pass.
+"""Lab 00's checks, through tests/answer_suite.py: the notebook's solution and the correct
+answers of tests/wrong_answers/lab00.py pass, its wrong ones fail with a message that names
+the mistake, and the printing rule is broken by some of them.
 
-All answers are graded together with ``harness.grade_batch`` and the same
-exercise declarations that the notebook's ``check_*`` calls use: the four
-formulas in this process, every ``hello`` in one launch per world size (2
-visible, 3 hidden).  tests/nbgrader/test_labs_autograde.py runs the real notebook.
+The four formulas are graded in this process, every ``hello`` in one launch per world size
+(2 visible, 3 hidden).  The wrong answers are graded on the hidden cases too: those alone
+must catch every mistake.  tests/nbgrader/test_labs_autograde.py runs the real notebook.
 """
+import functools
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from answer_suite import AnswerSuite
 from parlab.grading import harness, lab00
-from parlab.grading.numbers import number_message, plain_number
+from parlab.grading.lab00 import hello
+from parlab.grading.numbers import number_message
+from parlab.grading.plain import plain_number
 from wrong_answers import lab00 as answers
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(300)]
 
 SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "00-setup" / "00-setup.ipynb"
-BY_NAME = {ex.answer: ex for ex in lab00.EXERCISES}
-WRONG = {**answers.WRONG, "hello": answers.HELLO + answers.RULES}
+
+#: The wrong hello answers whose return values are right: only the printing rule catches them.
+PRINTING = [answers.hello_returns_without_printing, answers.hello_prints_own_prefix,
+            answers.hello_prints_on_rank0_only, answers.hello_prints_something_else,
+            answers.hello_prints_to_stderr]
 
 
+@functools.cache
 def solution_functions() -> dict:
     """Run the answer cells of the solution notebook (they only define functions)."""
     ns: dict = {}
@@ -32,64 +40,38 @@ def solution_functions() -> dict:
     return ns
 
 
-@pytest.fixture(scope="module")
-def graded():
-    """{(exercise, answer name): (visible message, hidden message)} for every answer here."""
-    ns = solution_functions()
-    batch = {ex: {"solution": ns[name]} for name, ex in BY_NAME.items()}
-    for name, fixtures in WRONG.items():
-        batch[BY_NAME[name]].update({fn.__name__: fn for fn, _ in fixtures})
-    for name, fixtures in answers.RIGHT.items():
-        batch[BY_NAME[name]].update({fn.__name__: fn for fn in fixtures})
-    visible = harness.grade_batch(batch)
-    hidden = harness.grade_batch(batch, hidden=True)
-    return {(key.split(".", 1)[1], name): (visible[key, name], hidden[key, name])
-            for key, name in visible}
+@functools.cache
+def notebook_solution(key: str):
+    """The solution notebook's answer to exercise ``key``, graded as the answer "solution"."""
+    answer = solution_functions()[key]
+
+    def solution(*args):
+        return answer(*args)
+    return solution
 
 
-def test_the_solution_passes_visible_and_hidden(graded):
-    for name in BY_NAME:
-        assert graded[name, "solution"] == (None, None), name
+class TestAnswers(AnswerSuite):
+    exercises = lab00.EXERCISES
+    answers = answers
+    hidden_tables = ("CORRECT", "WRONG", "WRONG_HIDDEN")
 
+    def table(self, name):
+        """The notebook's own solution heads CORRECT: it passes visible and hidden too."""
+        found = super().table(name)
+        if name != "CORRECT":
+            return found
+        return {key: [notebook_solution(key), *found.get(key, [])] for key in self.exercises}
 
-CAUGHT = [(name, fn.__name__, words) for name, fixtures in WRONG.items() for fn, words in fixtures]
+    def test_printing_answers_are_right_but_for_the_rule(self, visible):
+        for answer in PRINTING:
+            message = visible[("hello", answer.__name__)]
+            assert "gives the right values" in message and hello.PRINTS.says in message, message
 
-
-@pytest.mark.parametrize("exercise,answer,words", CAUGHT, ids=[f"{e}-{a}" for e, a, _ in CAUGHT])
-def test_wrong_answer_is_caught_with_a_message_naming_its_mistake(graded, exercise, answer, words):
-    visible, hidden = graded[exercise, answer]
-    message = visible or hidden
-    assert message, f"{answer} passed both the visible and the hidden cases"
-    assert re.search(words, message), f"message does not name the mistake: {message}"
-
-
-RIGHT = [(name, fn.__name__) for name, fixtures in answers.RIGHT.items() for fn in fixtures]
-
-
-@pytest.mark.parametrize("exercise,answer", RIGHT, ids=[f"{e}-{a}" for e, a in RIGHT])
-def test_right_answer_written_differently_passes(graded, exercise, answer):
-    assert graded[exercise, answer] == (None, None)
-
-
-def test_rule_fixtures_are_right_but_for_the_rule(graded):
-    """Each printing fixture returns the right strings: only the rule catches it."""
-    for fn, _ in answers.RULES:
-        message = graded["hello", fn.__name__][0]
-        assert "gives the right values" in message and lab00.PRINTS.says in message, message
-
-
-def test_hidden_cases_catch_what_the_visible_ones_miss(graded):
-    for exercise, answer, words in [("gpus_to_hold_state", "gpus_round", "rounded down|nearest"),
-                                    ("hello", "hello_fixed_world_of_two", r"dist\.get_world_size")]:
-        visible, hidden = graded[exercise, answer]
-        assert visible is None and re.search(words, hidden), (visible, hidden)
-
-
-def test_visible_cases_hold_the_commonest_traps(graded):
-    for answer in ("gpus_floor", "weight_always_bf16"):
-        exercise = next(name for name, fixtures in WRONG.items()
-                        if answer in [fn.__name__ for fn, _ in fixtures])
-        assert graded[exercise, answer][0], answer
+    def test_the_hidden_cases_alone_catch_every_wrong_answer(self, hidden):
+        for key, pairs in answers.WRONG.items():
+            for answer, _ in pairs:
+                message = hidden[(key, answer.__name__)]
+                assert message is not None, f"{answer.__name__} passed the hidden {key} check"
 
 
 def test_public_checks_pass_and_fail_like_the_batch(capsys):
@@ -105,7 +87,7 @@ def test_public_checks_pass_and_fail_like_the_batch(capsys):
 def test_check_hello_end_to_end():
     with pytest.raises(AssertionError, match="printed nothing"):
         lab00.check_hello(answers.hello_returns_without_printing, hidden=True)  # 3 ranks
-    assert harness.summary(lab00.HELLO, "hello", False) == "hello: 1 visible case passed on 2 ranks"
+    assert harness.summary(hello.HELLO, "hello", False) == "hello: 1 visible case passed on 2 ranks"
 
 
 def test_solution_numbers_match_the_lecture():
@@ -129,8 +111,8 @@ def test_number_messages_never_crash_on_odd_values(got):
 
 @pytest.mark.parametrize("got", ODD + ["hello from rank 0 of 2", 0])
 def test_hello_messages_never_crash_on_odd_values(got):
-    lab00._hello_message(0, got, [got, got], 2)
-    lab00._hello_not_printed([{"printed": got if isinstance(got, str) else ""}, {}], lab00.HELLO.visible[0][1][0], 2)
+    hello.message(0, got, [got, got], 2)
+    hello.not_printed([{"printed": got if isinstance(got, str) else ""}, {}], hello.HELLO.visible[0][1][0], 2)
 
 
 def test_messages_never_show_two_equal_values_as_different():

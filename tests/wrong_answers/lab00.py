@@ -1,11 +1,12 @@
 """Typical wrong answers to Lab 00's exercises, and right ones written differently.
 
-``WRONG`` maps each exercise to (fixture, the words the check's message must
-contain); ``HELLO`` holds hello()'s, which run on ranks.  The ``RULES``
-fixtures return the right greeting but break the rule the notebook states
-about printing it.  ``RIGHT`` maps each exercise to correct answers that
-differ from the solution.  tests/ranks/test_lab00.py grades them all with the
-checks the notebook calls.
+The tables of tests/answer_suite.py, keyed by ``parlab.grading.lab00.EXERCISES``:
+``CORRECT`` (right answers that differ from the notebook's solution), ``WRONG``
+(each with the words the check's message must contain) and ``WRONG_HIDDEN``
+(right on the visible cases, wrong on the hidden ones).  ``hello``'s answers run
+on ranks; five of its wrong ones return the right greeting but break the rule
+the notebook states about printing it.  tests/ranks/test_lab00.py grades them
+all with the checks the notebook calls.
 """
 import math
 import os
@@ -88,25 +89,6 @@ def hello_prints_to_stderr():
     print(_greeting(), file=sys.stderr)
     return _greeting()
 
-
-HELLO = [
-    (hello_no_return, "forget|does not return"),
-    (hello_fixed_rank, "dist.get_rank()"),
-    (hello_counts_from_one, "count from 0"),
-    (hello_fixed_world, "dist.get_world_size()"),
-    (hello_typo, "capitals"),
-    (hello_not_str, "should return the string"),
-    (hello_fixed_world_of_two, "dist.get_world_size()"),
-    (hello_trailing_newline, "spaces or newline"),
-]
-
-RULES = [
-    (hello_returns_without_printing, r"rank 0 printed nothing.*print\(message\)"),
-    (hello_prints_own_prefix, r"more than the greeting.*adds the \[rank r\] prefix"),
-    (hello_prints_on_rank0_only, "rank 1 printed nothing"),
-    (hello_prints_something_else, "no line 'hello from rank 0 of 2'"),
-    (hello_prints_to_stderr, "nothing on standard output"),
-]
 
 # ------------------------------------------------------------ weight_bytes
 
@@ -246,47 +228,6 @@ def days_as_timedelta(n, tokens, gpus, peak, mfu):
     return datetime.timedelta(seconds=6 * n * tokens / (gpus * peak * mfu))
 
 
-WRONG = {
-    "weight_bytes": [
-        (weight_bits, "bits, not bytes"),
-        (weight_gb, "gigabytes"),
-        (weight_gib, "GiB"),
-        (weight_always_bf16, "ignored bytes_per_param"),
-        (weight_no_return, "forget the `return`"),
-        (weight_as_text, r"'140 GB' \(str\); it should return a number"),
-        (weight_as_tensor, r"\(Tensor\); it should return a number"),
-    ],
-    "training_state_bytes": [
-        (state_optimizer_only, "only the optimizer state"),
-        (state_weights_grads_only, "fp32 master copy"),
-        (state_fp32_grads, "fp32 gradients"),
-        (state_master_twice, "twice"),
-        (state_bits, "bits, not bytes"),
-        (state_gib, "GiB"),
-        (state_weights_only, "weights alone"),
-        (state_reuses_weight_bytes_wrongly, r"raised TypeError.*training_state_bytes\(70e9\)"),
-    ],
-    "gpus_to_hold_state": [
-        (gpus_floor, "rounded down"),
-        (gpus_round, "rounded down|nearest"),
-        (gpus_float, "int"),
-        (gpus_weights_only, "only the weights"),
-        (gpus_weights_and_grads, "weights and gradients only"),
-        (gpus_ceil_division_float, "return it as an int"),
-    ],
-    "days_to_train": [
-        (days_no_six, "left out the 6"),
-        (days_forward_only, "forward only"),
-        (days_no_mfu, "left out the MFU"),
-        (days_times_mfu, "instead of dividing"),
-        (days_in_seconds, "in seconds"),
-        (days_in_hours, "in hours"),
-        (days_one_gpu, "divide by n_gpus"),
-        (days_in_minutes, "in minutes"),
-        (days_as_timedelta, r"\(timedelta\); it should return a number \(in days\)"),
-    ],
-}
-
 # ------------------------------------------------------------ right, written differently
 
 
@@ -355,10 +296,72 @@ def days_with_cost(n, tokens, gpus, peak, mfu):
     return cost.time_to_train(n, tokens, gpus, peak, mfu) / cost.SECONDS_PER_DAY
 
 
-RIGHT = {
+CORRECT = {
     "hello": [hello_flushes, hello_from_environment, hello_print_with_commas, hello_writes_stdout],
     "weight_bytes": [weight_numpy, weight_with_cost],
     "training_state_bytes": [state_itemised, state_with_cost],
     "gpus_to_hold_state": [gpus_integer_ceiling, gpus_numpy, gpus_from_state],
     "days_to_train": [days_in_steps, days_with_cost],
+}
+
+WRONG = {
+    "hello": [
+        (hello_no_return, "does not return"),
+        (hello_fixed_rank, "dist.get_rank()"),
+        (hello_counts_from_one, "count from 0"),
+        (hello_fixed_world, "dist.get_world_size()"),
+        (hello_typo, "capitals"),
+        (hello_not_str, "should return the string"),
+        (hello_trailing_newline, "spaces or newline"),
+        # Right return values; only the printing rule catches these.
+        (hello_returns_without_printing, ("rank 0 printed nothing", "print(message)")),
+        (hello_prints_own_prefix, ("more than the greeting", "adds the [rank r] prefix")),
+        (hello_prints_on_rank0_only, "rank 1 printed nothing"),
+        (hello_prints_something_else, "no line 'hello from rank 0 of 2'"),
+        (hello_prints_to_stderr, "nothing on standard output"),
+    ],
+    "weight_bytes": [
+        (weight_bits, "bits, not bytes"),
+        (weight_gb, "gigabytes"),
+        (weight_gib, "GiB"),
+        (weight_always_bf16, "ignored bytes_per_param"),
+        (weight_no_return, "forget the `return`"),
+        (weight_as_text, "'140 GB' (str); it should return a number"),
+        (weight_as_tensor, "(Tensor); it should return a number"),
+    ],
+    "training_state_bytes": [
+        (state_optimizer_only, "only the optimizer state"),
+        (state_weights_grads_only, "fp32 master copy"),
+        (state_fp32_grads, "fp32 gradients"),
+        (state_master_twice, "twice"),
+        (state_bits, "bits, not bytes"),
+        (state_gib, "GiB"),
+        (state_weights_only, "weights alone"),
+        (state_reuses_weight_bytes_wrongly, ("raised TypeError", "training_state_bytes(70e9)")),
+    ],
+    "gpus_to_hold_state": [
+        (gpus_floor, "rounded down"),
+        (gpus_float, "int"),
+        (gpus_weights_only, "only the weights"),
+        (gpus_weights_and_grads, "weights and gradients only"),
+        (gpus_ceil_division_float, "return it as an int"),
+    ],
+    "days_to_train": [
+        (days_no_six, "left out the 6"),
+        (days_forward_only, "forward only"),
+        (days_no_mfu, "left out the MFU"),
+        (days_times_mfu, "instead of dividing"),
+        (days_in_seconds, "in seconds"),
+        (days_in_hours, "in hours"),
+        (days_one_gpu, "divide by n_gpus"),
+        (days_in_minutes, "in minutes"),
+        (days_as_timedelta, "(timedelta); it should return a number (in days)"),
+    ],
+}
+
+#: Right on the visible cases (2 ranks; 7.5e9 and 70e9 parameters), wrong on the hidden ones.
+WRONG_HIDDEN = {
+    "hello": [(hello_fixed_world_of_two, "dist.get_world_size()")],
+    # 6e9 parameters need 1.2 GPUs: round() gives 1, as rounding down does.
+    "gpus_to_hold_state": [(gpus_round, "rounded down")],
 }

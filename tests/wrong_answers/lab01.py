@@ -1,9 +1,11 @@
-"""Typical wrong answers to Lab 01's exercises (collectives from primitives).
+"""Typical wrong answers to Lab 01's exercises (collectives from primitives), and right ones.
 
-``WRONG`` maps each exercise to a list of (fixture, words the check's message
-must contain).  Exercises "rs_ag", "ring" and "tree" run on ranks;
-"bandwidths" is a plain function.  ``DEADLOCK`` hangs and is tested alone
-with a short timeout.  tests/ranks/test_lab01.py runs every fixture.
+The four tables of tests/answer_suite.py, keyed by ``parlab.grading.lab01.EXERCISES``:
+``CORRECT`` (right answers written differently from the notebook's), ``WRONG`` and
+``WRONG_HIDDEN`` (each with the words the check's message must contain), ``ALONE`` (a
+deadlock, a size mismatch that gloo aborts, an error on one rank: graded one at a time
+with a short timeout).  Exercises "rs_ag", "ring" and "tree" run on ranks; "bandwidths"
+is a plain function.  tests/ranks/test_lab01.py runs every answer.
 """
 import math
 
@@ -336,11 +338,169 @@ WRONG_HIDDEN = {
     "tree": [(tree_power_of_two_only, "not a power of two")],
 }
 
-#: Hangs; must fail within a bounded time, not hang the grader.
-DEADLOCK = (ring_blocking_deadlock, "blocking dist.send")
+#: Hang or crash some ranks: each is graded alone, through the public check, so that it
+#: stops no other answer's launch.  The crash comes at numel 10 on 4 ranks: a shape error
+#: on one rank, gloo's size abort on another.
+ALONE = {
+    "ring": [
+        (ring_blocking_deadlock, ("did not finish", "blocking dist.send")),
+        (ring_recv_buffer_wrong_size, "must match the size"),
+        (ring_raises_on_one_rank, ("raised an error on 4 ranks", "IndexError", "rank 3")),
+    ],
+}
 
-#: Crashes at numel 10 on 4 ranks: a shape error on one rank, gloo's size abort on another.
-CRASH = (ring_recv_buffer_wrong_size, "must match the size")
 
-#: Raises on one rank only; must surface as a clear error at once.
-RAISES = (ring_raises_on_one_rank, "IndexError")
+# ------------------------------------------------ right, written differently
+
+def rs_ag_padded(x):
+    """Pad to a multiple of n, reduce_scatter a list of chunks, all_gather them back."""
+    n = dist.get_world_size()
+    flat = x.reshape(-1)
+    c = -(-flat.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype, device=x.device)
+    padded[: flat.numel()] = flat
+    mine = torch.empty(c, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter(mine, list(padded.split(c)))
+    parts = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(parts, mine)
+    return torch.cat(parts)[: flat.numel()].reshape(x.shape)
+
+
+def rs_ag_tensor_api(x):
+    """Same idea with the single-tensor APIs (reduce_scatter_tensor / all_gather_into_tensor)."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.nn.functional.pad(x.reshape(-1), (0, c * n - x.numel()))
+    mine = torch.empty(c, dtype=x.dtype, device=x.device)
+    dist.reduce_scatter_tensor(mine, padded)
+    full = torch.empty(c * n, dtype=x.dtype, device=x.device)
+    dist.all_gather_into_tensor(full, mine)
+    return full[: x.numel()].view(x.shape)
+
+
+def ring_isend_irecv(x):
+    """Uneven chunks (tensor_split); each step posts isend and irecv, then waits on both."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = x.reshape(-1).clone()
+    chunks = list(out.tensor_split(n))
+    for s in range(n - 1):  # reduce-scatter
+        i = (rank - s - 1) % n
+        buf = torch.empty_like(chunks[i])
+        for req in (dist.isend(chunks[(rank - s) % n], right), dist.irecv(buf, left)):
+            req.wait()
+        chunks[i] += buf
+    for s in range(n - 1):  # all-gather
+        i = (rank - s) % n
+        buf = torch.empty_like(chunks[i])
+        for req in (dist.isend(chunks[(rank + 1 - s) % n], right), dist.irecv(buf, left)):
+            req.wait()
+        chunks[i].copy_(buf)
+    return out.reshape(x.shape)
+
+
+def ring_even_odd_blocking(x):
+    """Padded equal chunks, blocking send/recv; even ranks send first, odd ranks receive first."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    c = -(-x.numel() // n)
+    buf = torch.zeros(c * n, dtype=x.dtype)
+    buf[: x.numel()] = x.reshape(-1)
+    chunk = buf.view(n, c)
+    tmp = torch.empty(c, dtype=x.dtype)
+
+    def swap(send_row):
+        if rank % 2 == 0:
+            dist.send(chunk[send_row].clone(), (rank + 1) % n)
+            dist.recv(tmp, (rank - 1) % n)
+        else:
+            dist.recv(tmp, (rank - 1) % n)
+            dist.send(chunk[send_row].clone(), (rank + 1) % n)
+
+    for s in range(n - 1):
+        swap((rank - s) % n)
+        chunk[(rank - s - 1) % n] += tmp
+    for s in range(n - 1):
+        swap((rank + 1 - s) % n)
+        chunk[(rank - s) % n] = tmp
+    return buf[: x.numel()].reshape(x.shape)
+
+
+def tree_binary_heap(x, root):
+    """Binary heap over virtual ranks v = (rank - root) % n: parent (v-1)//2, children 2v+1, 2v+2."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v = (rank - root) % n
+    if v > 0:
+        dist.recv(x, ((v - 1) // 2 + root) % n)
+    for c in (2 * v + 1, 2 * v + 2):
+        if c < n:
+            dist.send(x, (c + root) % n)
+    return x
+
+
+def tree_binomial_isend(x, root):
+    """Binomial tree: in round k, every rank that has the data sends it 2**k ranks further."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v = (rank - root) % n
+    out = x.clone()
+    for k in range(math.ceil(math.log2(n)) if n > 1 else 0):
+        step = 1 << k
+        if v < step and v + step < n:
+            dist.isend(out, (v + step + root) % n).wait()
+        elif step <= v < 2 * step:
+            dist.irecv(out, (v - step + root) % n).wait()
+    return out
+
+
+def ring_batch_p2p(x):
+    """Uneven chunks; each step is one dist.batch_isend_irecv of a send right and a recv left."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % n, (rank - 1) % n
+    out = x.reshape(-1).clone()
+    chunks = list(out.tensor_split(n))
+
+    def step(send, recv):
+        ops = [dist.P2POp(dist.isend, send, right), dist.P2POp(dist.irecv, recv, left)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    for s in range(n - 1):
+        buf = torch.empty_like(chunks[(rank - s - 1) % n])
+        step(chunks[(rank - s) % n], buf)
+        chunks[(rank - s - 1) % n] += buf
+    for s in range(n - 1):
+        buf = torch.empty_like(chunks[(rank - s) % n])
+        step(chunks[(rank + 1 - s) % n], buf)
+        chunks[(rank - s) % n].copy_(buf)
+    return out.view(x.shape)
+
+
+def tree_into_clone(x, root):
+    """Heap tree on virtual ranks, receiving into a copy so the input is left alone."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v, out = (rank - root) % n, x.clone()
+    if v:
+        dist.recv(out, ((v - 1) // 2 + root) % n)
+    for child in (2 * v + 1, 2 * v + 2):
+        if child < n:
+            dist.send(out, (child + root) % n)
+    return out
+
+
+def bandwidths(numel, dtype, seconds, n):
+    s = numel * dtype.itemsize
+    algbw = s / seconds / 1e9
+    return algbw, algbw * 2 * (n - 1) / n
+
+
+def bandwidths_tensor(numel, dtype, seconds, n):
+    """Computed with torch: returns 0-d tensors instead of floats."""
+    s = torch.tensor(numel * torch.empty((), dtype=dtype).element_size(), dtype=torch.float64)
+    return s / seconds / 1e9, s / seconds / 1e9 * (2 * (n - 1) / n)
+
+
+CORRECT = {
+    "rs_ag": [rs_ag_padded, rs_ag_tensor_api],
+    "ring": [ring_isend_irecv, ring_even_odd_blocking, ring_batch_p2p],
+    "tree": [tree_binary_heap, tree_binomial_isend, tree_into_clone],
+    "bandwidths": [bandwidths, bandwidths_tensor],
+}

@@ -1,0 +1,150 @@
+"""Lab 00, exercises 2-5: four memory and time formulas, graded in one process.
+
+``weight_bytes``, ``training_state_bytes``, ``gpus_to_hold_state`` and
+``days_to_train`` are plain functions, run in the kernel's own process (in the
+sandbox during autograde) and compared with the ``parlab.cost`` formulas
+(sources in each cost function's docstring and in docs/).  Each keeps a table
+of the values the usual mistakes give (bits instead of bytes, GB or GiB
+instead of bytes, a forgotten factor) and names the mistake when the answer
+equals one of them (``numbers.number_message``).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from functools import partial
+
+from ... import cost
+from ..harness import Exercise, Graded
+from ..numbers import distinct, number_message
+from ..plain import plain_number
+from .call import Call
+
+GB, GIB = 1e9, 2.0**30
+
+
+# ---------------------------------------------------------------- runner and grader
+def run(answer, case: Call, i: int, spy):
+    with spy.watch():
+        got = answer(*case.args)
+    return plain_number(got)
+
+
+def grade(expect, unit: str, integer: bool, graded: Graded) -> str | None:
+    """Each case's returned number against ``expect(*args) -> (want, mistakes)``."""
+    for i, case in enumerate(graded.cases):
+        want, mistakes = expect(*case.args)
+        message = number_message(graded.at(i)[0], want, case.describe(1), mistakes,
+                                 unit=unit, integer=integer)
+        if message:
+            return message
+    return None
+
+
+def formula(name: str, expect, unit: str, visible: list, hidden: list,
+            integer: bool = False) -> Exercise:
+    return Exercise(key=f"lab00.{name}", answer=name, run=run,
+                    grade=partial(grade, expect, unit, integer),
+                    visible=((1, tuple(Call(name, args) for args in visible)),),
+                    hidden=((1, tuple(Call(name, args) for args in hidden)),), solo=True)
+
+
+# ---------------------------------------------------------------- references and their mistakes
+def unit_mistakes(want: float) -> list[tuple[float, str]]:
+    """Wrong answers that come from mixing up units of an amount in bytes."""
+    return [
+        (want * 8, "That is 8 times too large: you counted bits, not bytes (1 byte = 8 bits; "
+                   "bf16 is 16 bits = 2 bytes)."),
+        (want / GB, "That looks like gigabytes: return plain bytes and divide by 1e9 only when printing."),
+        (want / GIB, "That looks like GiB (2**30 bytes): return plain bytes; the course uses "
+                     "decimal GB (1 GB = 1e9 bytes) only for printing."),
+        (want / 2**20, "That looks like MiB: return plain bytes."),
+    ]
+
+
+def expect_weights(n: float, b: float):
+    want = cost.weights_bytes(n, b)
+    return want, unit_mistakes(want) + [
+        (n * 2, "You ignored bytes_per_param and always used 2 bytes: use the argument."),
+        (n * b * 4, "You multiplied by 4 extra: bytes_per_param already is the size of one parameter."),
+    ]
+
+
+def expect_state(n: float):
+    want = cost.training_bytes(n).total
+    return want, unit_mistakes(want) + [
+        (12 * n, "You counted only the optimizer state (12 bytes per parameter); the fp16 weights "
+                 "(2 bytes) and fp16 gradients (2 bytes) are held too."),
+        (4 * n, "You counted only the fp16 weights and gradients; Adam also keeps an fp32 master "
+                "copy, momentum and variance (4 + 4 + 4 bytes)."),
+        (2 * n, "That is the weights alone; add gradients and Adam's optimizer state."),
+        (8 * n, "You counted Adam's momentum and variance (4 + 4) but missed something: "
+                "2 (weights) + 2 (grads) + 4 (fp32 master) + 4 + 4 = 16 bytes per parameter."),
+        (14 * n, "You left out one fp16 copy: 2 (weights) + 2 (grads) + 12 (optimizer) = 16."),
+        (18 * n, "You used fp32 gradients (4 bytes); in mixed precision they are fp16 (2 bytes)."),
+        (20 * n, "You counted the fp32 master weights twice: they are part of the 12 optimizer bytes."),
+    ]
+
+
+def exact_gpus(n: float, memory: float, bytes_per_param: int = 16) -> int:
+    return math.ceil(Fraction(n) * bytes_per_param / Fraction(memory))
+
+
+def expect_gpus(n: float, memory: float):
+    want = exact_gpus(n, memory)
+    share = 16 * n / memory
+    needs = f"The state needs {distinct(share, math.floor(share))[0]} GPUs' worth of memory"
+    mistakes = [
+        (math.floor(share), f"{needs} and you rounded down: a fraction of a GPU still needs a whole "
+                            "GPU, so round up (math.ceil)."),
+        (exact_gpus(n, memory, 2), "You fitted only the weights (2 bytes per parameter); training "
+                                   "holds 16 bytes per parameter."),
+        (exact_gpus(n, memory, 4), "You fitted weights and gradients only; add Adam's 12 bytes."),
+        (exact_gpus(n, memory, 12), "You fitted only the optimizer state; add weights and gradients."),
+    ]
+    if round(share) != want:
+        mistakes.append((round(share), f"{needs} and you rounded to the nearest whole number: "
+                                       "round up (math.ceil)."))
+    return want, mistakes
+
+
+def expect_days(n: float, tokens: float, gpus: int, peak: float, util: float):
+    want = cost.time_to_train(n, tokens, gpus, peak, util) / cost.SECONDS_PER_DAY
+    mistakes = [
+        (want / 6, "That is 6 times too small: training costs 6 FLOPs per parameter per token "
+                   "(2 forward + 4 backward); you left out the 6."),
+        (want / 3, "That is 3 times too small: you used 2·N FLOPs per token (forward only); "
+                   "training needs 6·N (forward + backward)."),
+        (want * util, f"You left out the MFU: GPUs reach only {util:.0%} of their peak, so "
+                      "divide by peak × MFU."),
+        (want * util**2, "You multiplied by the MFU instead of dividing by it: a lower MFU must "
+                         "make training take LONGER."),
+        (want * cost.SECONDS_PER_DAY, "That is in seconds: divide by 86 400 for days."),
+        (want * 24, "That is in hours: divide by 24 once more for days."),
+        (want * 24 * 60, "That is in minutes: convert to days."),
+    ]
+    if gpus > 1:
+        mistakes.append((want * gpus, f"That is {gpus} times too large: the work is shared by "
+                                      "n_gpus GPUs, so divide by n_gpus."))
+    return want, mistakes
+
+
+# ---------------------------------------------------------------- the four exercises
+H100 = cost.H100_BF16_PEAK
+WEIGHTS = formula("weight_bytes", expect_weights, "bytes",
+                  visible=[(70e9, 2), (7e9, 4)],  # 70B in bf16: 140 GB; fp32 is 4 bytes
+                  hidden=[(1.5e9, 1), (405e9, 2), (13e9, 4), (123_456_789, 2), (0, 2)])
+STATE = formula("training_state_bytes", expect_state, "bytes",
+                visible=[(70e9,)],
+                hidden=[(7.5e9,), (1.7e9,), (1,), (0,)])  # 7.5e9: ZeRO's example, 120 GB
+# (7.5e9, 80e9) needs 1.5 GPUs, so rounding down fails visibly; 6e9 needs 1.2, so
+# rounding to the nearest fails the hidden cases; 141e9 is an H200.
+GPUS = formula("gpus_to_hold_state", expect_gpus, "GPUs",
+               visible=[(70e9, 80e9), (7.5e9, 80e9)],
+               hidden=[(6e9, 80e9), (3e9, 80e9), (70e9, 141e9), (405e9, 80e9), (1e9, 80e9)],
+               integer=True)
+DAYS = formula("days_to_train", expect_days, "days",
+               visible=[(70e9, 15e12, 1024, H100, 0.4)],
+               hidden=[(70e9, 15e12, 8, H100, 0.4), (8e9, 15e12, 8, H100, 0.5),
+                       (1.7e9, 1e12, 64, H100, 0.38), (70e9, 15e12, 1, H100, 0.4),
+                       (7e9, 2e12, 256, 312e12, 0.45)])  # the last one: an A100 (312 TFLOP/s bf16)
