@@ -248,10 +248,10 @@ def test_not_a_class():
 
 def test_uneven_shard_hint_fires_on_gloo_wording():
     """gloo's own size check (an unpadded all-gather) gets the padding hint, as torch's does."""
-    from parlab.grading.lab05 import rules as lab05_rules
+    from parlab.grading.lab05 import hints
 
     gloo = "RuntimeError: Check failed: outputShape[0] * worldSize == inputShape[0] (84 vs. 83)"
     for text in (gloo, "ValueError: output tensor size must be equal to world_size times input"):
-        assert "pad the flat vector" in lab05_rules.frozen_hint(text)
-        assert "pad the flat vector" in lab05_rules.error_hint(text)
-    assert lab05_rules.error_hint("RuntimeError: something else") == ""
+        assert "pad the flat vector" in hints.frozen_hint(text)
+        assert "pad the flat vector" in hints.error_hint(text)
+    assert hints.error_hint("RuntimeError: something else") == ""

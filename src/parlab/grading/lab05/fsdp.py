@@ -21,7 +21,7 @@ from torch import nn
 
 from ... import check
 from ...launch.runtime import device
-from ..harness import Graded
+from ..harness import Graded, Rule
 
 DATA_SEED = 23
 
@@ -75,6 +75,8 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
     from torch.distributed.fsdp import FSDPModule
 
     rank, n = dist.get_rank(), dist.get_world_size()
+    # every parameter whole here; the answer's fully_shard makes each a DTensor sharded on dim 0,
+    # its local part (at most ceil(dim0 / n), ...): this rank's rows
     model = case.build().to(device())
     blocks = list(model.blocks)
     with spy.watch():
@@ -83,6 +85,7 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
         model = returned
     spy.note("wrapped", root=isinstance(model, FSDPModule), blocks=len(blocks),
              wrapped_blocks=sum(isinstance(b, FSDPModule) for b in blocks))
+    # (rows, seq_len + 1): this rank's sequences of the (rows·n, seq_len + 1) global batch
     idx = case.batch(n)[rank * case.rows:(rank + 1) * case.rows].to(device())
     with spy.watch():
         spy.note("forward")
@@ -92,7 +95,7 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
     grads = {}
     for k, p in model.named_parameters():  # full_tensor() is a collective: outside the spy
         g = p.grad
-        g = g.full_tensor() if hasattr(g, "full_tensor") else g
+        g = g.full_tensor() if hasattr(g, "full_tensor") else g  # the parameter's full shape
         grads[k] = None if g is None else g.detach().cpu()
     return {"grads": grads}
 
@@ -194,3 +197,20 @@ def error_hint(text: str) -> str:
                 "parameter not yet sharded, the blocks' too, so a block wrapped after the root "
                 "finds its parameters already sharded.")
     return ""
+
+
+# ---------------------------------------------------------------- the cases and the rules
+def gpt_case(**cfg) -> GPTCase:
+    return GPTCase(tuple(sorted(cfg.items())))
+
+
+VISIBLE = ((3, (gpt_case(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),)),)
+HIDDEN = ((2, (gpt_case(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),
+               gpt_case(vocab_size=37, d_model=12, n_head=3, n_layer=2, seq_len=5, bias=False,
+                        tie_weights=False))),)
+
+RULES = (Rule("Call `fully_shard` on each block, then on the root model: the forward makes one "
+              "all-gather per block and one for the root.", sharded_per_block),
+         Rule("Use the default options: each block is freed after its forward and gathered again "
+              "in backward (one all-gather per block in backward), while the root stays gathered.",
+              default_resharding))
