@@ -64,16 +64,16 @@ def request_cells(notebook: Path, workdir: Path) -> list[dict]:
 @contextlib.contextmanager
 def counting_launches(into: list):
     """Append each launch's nproc to ``into`` while the block runs (both grading paths)."""
-    real = harness._launch
+    real = harness.launch_tasks
 
     def launch(*args, **kwargs):
         into.append(kwargs["nproc"])
         return real(*args, **kwargs)
-    harness._launch = shared_launches._launch = launch
+    harness.launch_tasks = shared_launches.launch_tasks = launch
     try:
         yield
     finally:
-        harness._launch = shared_launches._launch = real
+        harness.launch_tasks = shared_launches.launch_tasks = real
 
 
 def grade(cells: list[dict], shared: bool) -> tuple[list, float]:

@@ -45,9 +45,9 @@ class FakeLauncher:
         failure = self.script.pop(0) if self.script else None
         if failure is not None:
             raise failure
-        out = harness._on_ranks(tasks, True)
+        out = harness.run_tasks(tasks, True)
         for key, *_ in tasks:
-            out[harness._slot(key)]["seconds"] = self.seconds
+            out[harness.task_slot(key)]["seconds"] = self.seconds
         return [out] * nproc
 
 
@@ -65,7 +65,7 @@ def items(*fns, hidden=False):
 
 def test_answers_that_need_the_same_world_size_share_one_launch(monkeypatch):
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     got = grade_shared(items(double, double, hidden=True)[:1] + items(triple) + [
         ("again", "double", SOLO, double, True)])
     assert [n for n, _, _ in fake.launches] == [2, 1]  # hidden sets on 2 and 1 rank, visible on 2
@@ -75,14 +75,14 @@ def test_answers_that_need_the_same_world_size_share_one_launch(monkeypatch):
 
 def test_a_failure_is_kept_only_when_its_answer_ran_first(monkeypatch):
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     got = grade_shared(items(triple, double))
     assert got == {"triple": "triple is wrong", "double": None}
 
 
 def test_the_answer_that_raised_gets_its_message_and_the_rest_run_again(monkeypatch):
     fake = FakeLauncher([raised_in(1), raised_in(0), None])
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     got = grade_shared([(key, fn.__name__, SOLO, fn, False)
                         for key, fn in (("a", double), ("b", triple), ("c", double))])
     # launch 1: task 1 raised after another ran: left undecided; launch 2: its first task raised
@@ -97,24 +97,24 @@ def test_a_launch_that_died_leaves_its_answers_to_launches_of_their_own(monkeypa
     died = WorkerError("rank 1 died without raising a Python exception", rank=1, phase="died",
                        exc_type="SIGSEGV", blamed=(1,))
     fake = FakeLauncher([died])
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     assert grade_shared(items(double, triple)) == {}
     fake = FakeLauncher([died])
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     alone = grade_shared(items(double))  # alone in its launch: the failure is its own
     assert "died" in alone["double"]
 
 
 def test_the_launch_timeout_grows_with_the_answers_it_holds(monkeypatch):
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     grade_shared(items(double, double, double))
     assert fake.launches[0][2] == SOLO.timeout + 2 * shared_launches.PER_EXTRA_TASK
 
 
 def test_a_call_after_a_failed_one_in_its_cell_is_not_run(monkeypatch):
     fake = FakeLauncher([raised_in(0), None])
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     got = grade_shared([("visible", "double", SOLO, double, False), ("hidden", "double", SOLO, double, True),
                         ("other", "double", SOLO, double, False)], after={"hidden": "visible"})
     assert [names for _, names, _ in fake.launches] == [["double"] * 3, ["double"]]
@@ -136,17 +136,17 @@ def test_a_call_gets_a_launch_of_its_own_size_only_once_the_calls_before_it_pass
     """A stub that raises (a blank notebook) costs the visible launch only, not the hidden call's
     wider one; a passing cell still costs one launch per world size, as many as before."""
     fake = FakeLauncher([raised_in(0)])
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     calls, after = cell(double)
     assert set(grade_shared(calls, after=after)) == {("cell", 0)}
     assert [n for n, _, _ in fake.launches] == [2]
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     calls, after = cell(double)
     assert grade_shared(calls, after=after) == {("cell", 0): None, ("cell", 1): None}
     assert sorted(n for n, _, _ in fake.launches) == [1, 2, 3]
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     calls, after = cell(triple)  # wrong: the hidden call, moot, never runs
     assert grade_shared(calls, after=after) == {("cell", 0): "triple is wrong"}
     assert [n for n, _, _ in fake.launches] == [2]
@@ -156,7 +156,7 @@ def test_a_pass_counts_only_once_every_world_size_ran(monkeypatch):
     """The hidden call passed on 2 ranks; its visible call then failed after another answer, so
     the hidden one never ran on 1 rank: it is not decided, the sandbox grades it alone."""
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     got = grade_shared([("first", "double", SOLO, double, False), ("visible", "triple", SOLO, triple, False),
                         ("hidden", "triple", SOLO, double, True)], after={"hidden": "visible"})
     assert [n for n, _, _ in fake.launches] == [2]  # on 1 rank only the moot hidden call was left
@@ -165,13 +165,13 @@ def test_a_pass_counts_only_once_every_world_size_ran(monkeypatch):
 
 def test_a_pass_that_took_over_half_the_timeout_is_graded_alone(monkeypatch):
     fake = FakeLauncher(seconds=SOLO.timeout / 2 + 1)
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     assert grade_shared(items(double)) == {}  # alone, a wait that long might have timed out
 
 
 def test_no_shared_launch_starts_past_the_deadline(monkeypatch):
     fake = FakeLauncher()
-    monkeypatch.setattr(shared_launches, "_launch", fake)
+    monkeypatch.setattr(shared_launches, "launch_tasks", fake)
     assert grade_shared(items(double), deadline=time.monotonic() + SOLO.timeout / 2) == {}
     assert fake.launches == []
 
@@ -215,7 +215,7 @@ def test_sandbox_verdicts_match_what_each_answer_deserves(tmp_path, monkeypatch)
         (answers.days_with_cost, "check_days_to_train", both, True),
     ]
     shared_count, alone_count = [], []
-    real = harness._launch
+    real = harness.launch_tasks
 
     def counting(into):
         def launch(*args, **kwargs):
@@ -223,8 +223,8 @@ def test_sandbox_verdicts_match_what_each_answer_deserves(tmp_path, monkeypatch)
             return real(*args, **kwargs)
         return launch
 
-    monkeypatch.setattr(shared_launches, "_launch", counting(shared_count))
-    monkeypatch.setattr(harness, "_launch", counting(alone_count))
+    monkeypatch.setattr(shared_launches, "launch_tasks", counting(shared_count))
+    monkeypatch.setattr(harness, "launch_tasks", counting(alone_count))
     request = _request(tmp_path, [c[:3] for c in cells])
     assert sandbox.main([str(request)]) == 0
     verdicts = {r["key"]: r["verdicts"] for r in json.loads((tmp_path / "verdict.json").read_text())}

@@ -85,7 +85,7 @@ def test_summary_grammar():
 def test_rule_message_quotes_the_notebook():
     rule = harness.Rule("Do not touch x.", lambda recs, case, n: "rank 1 touched x." if n else None)
     graded = harness.Graded("demo", 2, [1], [[None], [None]], records=[[{}], [{}]])
-    msg = harness._rules_message(_ex(rules=(rule,)), graded)
+    msg = harness.rules_message(_ex(rules=(rule,)), graded)
     assert msg.endswith('but rank 1 touched x.\nThe exercise says: "Do not touch x."'), msg
 
 

@@ -24,6 +24,12 @@ How one answer is graded:
    an input overwritten, one backward pass instead of one per micro-batch)
    still fail, with the notebook's own words quoted.
 
+Tasks, the seam for whatever else runs answers (``shared_launches``): a
+task is ``(key, exercise, answer, cases)``.  On the ranks ``run_tasks``
+runs a list of them (``run_task`` one), keyed by ``task_slot(key)``, and
+notes the backend under ``BACKEND_KEY``; ``launch_tasks`` starts the ranks;
+in the grader ``judge`` turns one task's per-rank output into its message.
+
 Isolation: during ``nbgrader autograde`` the notebook's kernel cannot be
 trusted (a cell may have replaced a check, ``parlab`` or torch).  There the
 check in the kernel only says it was recorded; ``parlab.grading.autograde``
@@ -111,7 +117,7 @@ class Payload:
 
 # ---------------------------------------------------------------- on the ranks
 #: Where the ranks report the backend they ran on, so tolerances follow it.
-_BACKEND_KEY = "__backend__"
+BACKEND_KEY = "__backend__"
 
 
 def _resolve(answer):
@@ -136,25 +142,25 @@ def _all_right(right: bool) -> bool:
     return not bool(flag.item())
 
 
-def _slot(key: tuple[str, str]) -> str:
+def task_slot(key: tuple[str, str]) -> str:
     """A task's key as a str: plain results (``launch(plain_results=True)``) allow only str/int keys."""
     return "\n".join(key)
 
 
-def _on_ranks(tasks: list, catch: bool) -> dict:
-    """Run each task ``(key, exercise, answer, cases)``; {_slot(key): {"cases": [...]} or {"error": ...}}."""
+def run_tasks(tasks: list, catch: bool) -> dict:
+    """Run each task ``(key, exercise, answer, cases)``; {task_slot(key): {"cases": [...]} or {"error": ...}}."""
     import torch.distributed as dist
 
     n = dist.get_world_size() if dist.is_initialized() else 1
     backend = str(dist.get_backend()) if dist.is_initialized() else "gloo"
-    out: dict = {_BACKEND_KEY: backend}
+    out: dict = {BACKEND_KEY: backend}
     with check.judged_on(backend):
         for key, ex, answer, cases in tasks:
-            out[_slot(key)] = _run_task(ex, answer, cases, n, catch)
+            out[task_slot(key)] = run_task(ex, answer, cases, n, catch)
     return out
 
 
-def _run_task(ex: Exercise, answer, cases, n: int, catch: bool, note: str = "") -> dict:
+def run_task(ex: Exercise, answer, cases, n: int, catch: bool, note: str = "") -> dict:
     """One answer through its cases on this rank: {"cases": [...]} or {"error": ..., "traceback": ...}.
 
     Without ``catch``, an exception leaves with ``note`` as its last note (if given).
@@ -188,7 +194,8 @@ def _case_words(case, n: int) -> str:
 
 
 # ---------------------------------------------------------------- in the grader
-def _launch(fn, args: tuple, *, nproc: int, timeout: float, isolate: bool, backend: str | None):
+def launch_tasks(fn, args: tuple, *, nproc: int, timeout: float, isolate: bool, backend: str | None):
+    """``fn(*args)`` on ``nproc`` ranks; each rank's return (plain data only when ``isolate``)."""
     from .. import launch
 
     kwargs = {"plain_results": True} if isolate else {}
@@ -218,20 +225,21 @@ def grade_batch(batch: Mapping[Exercise, Mapping[str, Any]], *, hidden: bool = F
         wait = timeout or max(ex.timeout for _, ex, _, _ in tasks)
         in_process = n == 1 and not isolate and all(ex.solo for _, ex, _, _ in tasks)
         try:
-            per_rank = ([_on_ranks(tasks, True)] if in_process else
-                        _launch(_on_ranks, (tasks, catch), nproc=n, timeout=wait, isolate=isolate, backend=backend))
+            per_rank = ([run_tasks(tasks, True)] if in_process else
+                        launch_tasks(run_tasks, (tasks, catch), nproc=n, timeout=wait, isolate=isolate, backend=backend))
         except Exception as err:  # noqa: BLE001 - a LaunchError, or a solo answer that raised
             message = launch_failure(err, tasks, n)
             for key, *_ in tasks:
                 report[key] = message
             continue
-        used = per_rank[0].get(_BACKEND_KEY, "gloo")
+        used = per_rank[0].get(BACKEND_KEY, "gloo")
         for key, ex, _, cases in tasks:
-            report[key] = _judge(ex, key[1], n, cases, [out[_slot(key)] for out in per_rank], used)
+            report[key] = judge(ex, key[1], n, cases, [out[task_slot(key)] for out in per_rank], used)
     return report
 
 
-def _judge(ex: Exercise, name: str, n: int, cases, per_rank: list, backend: str) -> str | None:
+def judge(ex: Exercise, name: str, n: int, cases, per_rank: list, backend: str) -> str | None:
+    """The message for one task from every rank's ``run_task`` output, or None when it passed."""
     errors = [(r, out) for r, out in enumerate(per_rank) if "error" in out]
     if errors:
         r, out = errors[0]
@@ -244,10 +252,11 @@ def _judge(ex: Exercise, name: str, n: int, cases, per_rank: list, backend: str)
         message = ex.grade(graded)
     if message:
         return message
-    return _rules_message(ex, graded)
+    return rules_message(ex, graded)
 
 
-def _rules_message(ex: Exercise, graded: Graded) -> str | None:
+def rules_message(ex: Exercise, graded: Graded) -> str | None:
+    """The first stated rule the answer broke, quoted, or None."""
     ran = min(len(r) for r in graded.records) if graded.records else 0
     for i in range(ran):
         records = [per_rank[i] for per_rank in graded.records]

@@ -6,11 +6,10 @@ wrong value equals what a known mistake gives (bits instead of bytes, GB
 instead of bytes, a forgotten factor), the message names that mistake.
 ``assert_number`` raises that message as an AssertionError.
 
-``plain_number(value)`` is what a rank sends back to the grader for any
-returned value: a number as a plain ``int``/``float``, None or a bool as
-they are, and anything else as ``{"type": ..., "repr": ...}``, so that no
-object of the student's ever reaches the grader and a wrong type still gets
-a message that shows it.
+``plain_number(value)`` (from ``parlab.grading.plain``, exported here too)
+is what a rank sends back to the grader for any returned value: a number as
+a plain ``int``/``float``, None or a bool as they are, and anything else as
+``{"type": ..., "repr": ...}``; ``shown`` reads that description.
 """
 from __future__ import annotations
 
@@ -18,28 +17,13 @@ import math
 from collections.abc import Sequence
 from numbers import Integral, Real
 
+from .plain import plain_number
+
 __all__ = ["assert_number", "matches", "number_message", "plain_number", "distinct", "shown"]
-
-_REPR_CHARS = 200
-
 
 def matches(got: float, want: float, rtol: float = 1e-6) -> bool:
     """True when ``got`` equals ``want`` up to a relative tolerance (exact for 0)."""
     return math.isclose(got, want, rel_tol=rtol, abs_tol=0.0 if want else 1e-12)
-
-
-def plain_number(value):
-    """``value`` as plain data for the grader (see the module docstring)."""
-    if value is None or type(value) in (bool, int, float):
-        return value
-    if isinstance(value, Integral) and not isinstance(value, bool):
-        return int(value)          # numpy and torch integers
-    if isinstance(value, Real):
-        return float(value)        # numpy floats, Fraction
-    text = repr(value)
-    if len(text) > _REPR_CHARS:
-        text = text[:_REPR_CHARS] + "..."
-    return {"type": type(value).__name__, "repr": text}
 
 
 def distinct(a: float, b: float) -> tuple[str, str]:

@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Hashable
 
-from .harness import _BACKEND_KEY, Exercise, _judge, _launch, _run_task, _slot, launch_failure
+from .harness import BACKEND_KEY, Exercise, judge, launch_failure, launch_tasks, run_task, task_slot
 
 #: Added to an exception raised by the task at this index (only in a shared launch).
 TASK_NOTE = "parlab shared task "
@@ -68,15 +68,15 @@ def _on_ranks_shared(tasks: list) -> dict:
 
     n, rank = dist.get_world_size(), dist.get_rank()
     backend = str(dist.get_backend())
-    out: dict = {_BACKEND_KEY: backend}
+    out: dict = {BACKEND_KEY: backend}
     with check.judged_on(backend):
         for key, ex, answer, cases in tasks:
-            seed_everything(rank)  # as a launch with seed=0 (harness._launch) starts rank `rank`
+            seed_everything(rank)  # as a launch with seed=0 (harness.launch_tasks) starts rank `rank`
             torch.set_default_dtype(torch.float32)
             torch.set_grad_enabled(True)
             start = time.perf_counter()
-            out[_slot(key)] = _run_task(ex, answer, cases, n, False, f"{TASK_NOTE}{_slot(key)}")
-            out[_slot(key)]["seconds"] = time.perf_counter() - start
+            out[task_slot(key)] = run_task(ex, answer, cases, n, False, f"{TASK_NOTE}{task_slot(key)}")
+            out[task_slot(key)]["seconds"] = time.perf_counter() - start
             dist.barrier()
     return out
 
@@ -152,7 +152,7 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
         undecided.update(t[0] for t in tasks)  # no time to share: each is graded alone
         return []
     try:
-        per_rank = _launch(_on_ranks_shared, (on_ranks,), nproc=n, timeout=wait,
+        per_rank = launch_tasks(_on_ranks_shared, (on_ranks,), nproc=n, timeout=wait,
                            isolate=True, backend=backend)
     except Exception as err:  # noqa: BLE001 - a LaunchError: one answer failed, or the launch did
         culprit = task_of(err)
@@ -167,9 +167,9 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
         else:
             undecided.add(tasks[culprit][0])
         return tasks[:culprit] + tasks[culprit + 1:]
-    used = per_rank[0].get(_BACKEND_KEY, "gloo")
+    used = per_rank[0].get(BACKEND_KEY, "gloo")
     for i, (key, name, ex, _, cases) in enumerate(tasks):
-        message = _judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
+        message = judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
         slow = max(out[f"{i}"].get("seconds", 0.0) for out in per_rank) > ex.timeout / 2
         if message is None and slow:
             undecided.add(key)  # alone, a wait that long could have timed out: grade it alone

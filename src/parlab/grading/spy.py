@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .records import ops, used  # noqa: F401 - reading a record; importable from here too
+
 #: The torch.distributed functions the spy records, and how each names its peer.
 COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
                "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
@@ -229,17 +231,3 @@ class Spy:
                 "backward": self.backward, "ddp": self.ddp, "mutated": mutated,
                 "events": [dict(e) for e in self.events]}
 
-
-# ---------------------------------------------------------------- reading a record
-def ops(record: dict) -> list[str]:
-    """The distributed ops a record saw, in call order."""
-    return [c["op"] for c in record["calls"]]
-
-
-def used(record: dict, *names: str) -> list[str]:
-    """Which of ``names`` the record's code called (each once, in first-call order)."""
-    seen: list[str] = []
-    for op in ops(record):
-        if op in names and op not in seen:
-            seen.append(op)
-    return seen
