@@ -7,7 +7,7 @@
     lab05.check_zero3(ZeRO3)                      # Exercise 5: parameters sharded too
     lab05.check_fsdp2(shard_with_fsdp2)           # Exercise 6: FSDP2, gradients match DDP
 
-``formulas`` grades exercises 1 and 2 in one process against ``parlab.cost``;
+``formulas`` holds exercises 1 and 2, prediction exercises checked against ``parlab.cost``;
 ``zero`` trains exercises 3-5's answers against one process, ``rules`` states and
 judges what a rank may hold, ``hints`` names the mistakes; ``fsdp`` is exercise 6.
 References: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training
@@ -16,17 +16,18 @@ Trillion Parameter Models" (SC20), §5 and §7.
 from __future__ import annotations
 
 from ..harness import Exercise, checker
+from ..predictions import prediction
 from . import formulas, fsdp, hints, rules, zero
 
 __all__ = ["check_memory", "check_comm", "check_zero1", "check_zero2", "check_zero3", "check_fsdp2",
            "EXERCISES"]
 
-MEMORY = Exercise(key="lab05.memory", answer="zero_bytes_per_rank", run=formulas.run,
-                  grade=formulas.grade_memory, visible=formulas.MEMORY_VISIBLE,
-                  hidden=formulas.MEMORY_HIDDEN, rules=formulas.RULES, solo=True)
-COMM = Exercise(key="lab05.comm", answer="zero_comm_bytes_per_rank", run=formulas.run,
-                grade=formulas.grade_comm, visible=formulas.COMM_VISIBLE, hidden=formulas.COMM_HIDDEN,
-                rules=formulas.RULES, solo=True)
+MEMORY = prediction("lab05.memory", "zero_bytes_per_rank", call=formulas.MEMORY_CALL, unit="bytes",
+                    want=formulas.memory_bytes, mistakes=formulas.memory_mistakes,
+                    visible=formulas.MEMORY_VISIBLE, hidden=formulas.MEMORY_HIDDEN)
+COMM = prediction("lab05.comm", "zero_comm_bytes_per_rank", call=formulas.COMM_CALL, unit="bytes",
+                  want=formulas.comm_bytes, mistakes=formulas.comm_mistakes,
+                  visible=formulas.COMM_VISIBLE, hidden=formulas.COMM_HIDDEN)
 _ZERO = dict(grade=zero.grade, kind="class", settle=zero.settle, timeout=120, on_hang=zero.ON_HANG,
              on_mismatch=zero.ON_MISMATCH)
 ZERO1 = Exercise(key="lab05.zero1", answer="ZeRO1", run=zero.runner(1), visible=zero.PARAMS_VISIBLE,

@@ -3,34 +3,25 @@
 The student writes ``zero_bytes_per_rank(n_params, n, stage)`` (model-state
 bytes per rank under mixed-precision Adam, 2 + 2 + 12 bytes per parameter)
 and ``zero_comm_bytes_per_rank(n_params, n, stage, bytes_per_elem)`` (bytes
-each rank sends per step with ring collectives).  Each runs in one process;
-its numbers are compared with ``parlab.cost``'s, and a wrong one is matched
-against the mistakes students make (``memory_mistakes``, ``comm_mistakes``)
-to say which.  The one rule: no call into ``parlab.cost`` itself.
+each rank sends per step with ring collectives).  Both are prediction
+exercises (``parlab.grading.predictions``): each case is the arguments of one
+call, in one process; the number is compared with ``parlab.cost``'s, and a
+wrong one is matched against the mistakes students make (``memory_mistakes``,
+``comm_mistakes``) to say which.  The one rule: no call into ``parlab.cost``.
 """
 from __future__ import annotations
 
 from ...cost import zero_comm_elems, zero_memory_per_gpu
-from ..calls import NO_COST_SAYS, no_cost_calls, watched_cost_call
-from ..harness import Graded, Rule
-from ..numbers import assert_number, plain_number
-
-RULES = (Rule(NO_COST_SAYS, no_cost_calls),)
 
 MEMORY_CALL = "zero_bytes_per_rank(n_params={}, n={}, stage={})"
-MEMORY_VISIBLE = ((1, ((7.5e9, 64, 0), (7.5e9, 64, 1), (7.5e9, 64, 2), (7.5e9, 64, 3))),)
-MEMORY_HIDDEN = ((1, ((1e6, 4, 1), (70e9, 8, 2), (70e9, 8, 3), (1000, 3, 1), (12345, 1, 3))),)
+MEMORY_VISIBLE = ((7.5e9, 64, 0), (7.5e9, 64, 1), (7.5e9, 64, 2), (7.5e9, 64, 3))
+MEMORY_HIDDEN = ((1e6, 4, 1), (70e9, 8, 2), (70e9, 8, 3), (1000, 3, 1), (12345, 1, 3))
 
 COMM_CALL = "zero_comm_bytes_per_rank(n_params={}, n={}, stage={}, bytes_per_elem={})"
 # Stage 1 at N = 2 and 4 (and 5 hidden), where 3(N − 1)/N differs from 2(N − 1)/N and from 2.
-COMM_VISIBLE = ((1, ((1000, 4, 0, 4), (1000, 2, 1, 4), (1000, 4, 1, 2), (1000, 4, 2, 4), (1000, 4, 3, 4),
-                     (7.5e9, 64, 3, 2))),)
-COMM_HIDDEN = ((1, ((999, 3, 1, 2), (1000, 5, 1, 4), (70e9, 8, 3, 2), (12, 2, 0, 4), (5, 1, 3, 2))),)
-
-
-def run(fn, args, i, spy):
-    """The answer's number for one case, noting any call into ``parlab.cost``."""
-    return plain_number(watched_cost_call(spy, fn, *args))
+COMM_VISIBLE = ((1000, 4, 0, 4), (1000, 2, 1, 4), (1000, 4, 1, 2), (1000, 4, 2, 4), (1000, 4, 3, 4),
+                (7.5e9, 64, 3, 2))
+COMM_HIDDEN = ((999, 3, 1, 2), (1000, 5, 1, 4), (70e9, 8, 3, 2), (12, 2, 0, 4), (5, 1, 3, 2))
 
 
 def memory_bytes(psi, n, stage) -> float:
@@ -77,18 +68,3 @@ def comm_mistakes(psi, n, stage, b):
     return [m for m in first + limit + [(right / b, "That is elements: multiply by the bytes per "
                                                     "element.")] if abs(m[0] - right) > 1e-9 * abs(right)]
 
-
-def grader(call: str, want, mistakes, unit: str):
-    """Grade each case's number against ``want(*args)``, naming the first mistake it matches."""
-    def grade(g: Graded) -> str | None:
-        for i, args in enumerate(g.cases[:len(g.results[0])]):
-            try:
-                assert_number(g.results[0][i], want(*args), call.format(*args), mistakes(*args), unit=unit)
-            except AssertionError as err:
-                return str(err)
-        return None
-    return grade
-
-
-grade_memory = grader(MEMORY_CALL, memory_bytes, memory_mistakes, "bytes")
-grade_comm = grader(COMM_CALL, comm_bytes, comm_mistakes, "bytes")

@@ -21,7 +21,9 @@ from torch import nn
 
 from ... import check
 from ...launch.runtime import device
+from .. import records as read
 from ..harness import Graded, Rule
+from ..plain import plain
 
 DATA_SEED = 23
 
@@ -96,8 +98,8 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
     for k, p in model.named_parameters():  # full_tensor() is a collective: outside the spy
         g = p.grad
         g = g.full_tensor() if hasattr(g, "full_tensor") else g  # the parameter's full shape
-        grads[k] = None if g is None else g.detach().cpu()
-    return {"grads": grads}
+        grads[k] = g
+    return {"grads": plain(grads)}
 
 
 def settle(result: dict, case: GPTCase, i: int, n: int) -> bool:
@@ -146,16 +148,12 @@ def _wrong_grads(where, bad, got, want, case, idx, r, n) -> str:
                    f"{float(want[k].flatten()[i]):.6g}.")
 
 
-def _calls_between(rec: dict, start: str, end: str) -> list[dict]:
-    marks = {e["event"]: e["calls"] for e in rec["events"]}
-    return rec["calls"][marks.get(start, 0):marks.get(end, len(rec["calls"]))]
-
-
 def sharded_per_block(records, case, n) -> str | None:
     layers = case.cfg["n_layer"]
     for r, rec in enumerate(records):
-        gathers = [c for c in _calls_between(rec, "forward", "backward") if c["op"].startswith("all_gather")]
-        wrapped = next((e for e in rec["events"] if e["event"] == "wrapped"), {})
+        forward = read.between(rec, "forward", "backward")["calls"]
+        gathers = [c for c in forward if c["op"].startswith("all_gather")]
+        wrapped = read.event(rec, "wrapped") or {}
         if len(gathers) != layers + 1:
             if len(gathers) > layers + 1:
                 what = ("too many units: fully_shard was called on modules inside the blocks too "
@@ -175,9 +173,7 @@ def default_resharding(records, case, n) -> str | None:
     """FSDP2's default: every block resharded after forward (so gathered again in backward), the root not."""
     layers = case.cfg["n_layer"]
     for r, rec in enumerate(records):
-        marks = {e["event"]: e["calls"] for e in rec["events"]}
-        gathers = [c for c in rec["calls"][marks.get("backward", len(rec["calls"])):]
-                   if c["op"].startswith("all_gather")]
+        gathers = [c for c in read.between(rec, "backward")["calls"] if c["op"].startswith("all_gather")]
         if len(gathers) < layers:
             return (f"rank {r}'s backward made {len(gathers)} all-gather(s) for {layers} blocks: the "
                     "blocks stayed gathered from forward to backward (reshard_after_forward=False?), "

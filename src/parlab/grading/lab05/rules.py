@@ -24,6 +24,7 @@ import math
 import torch
 
 from ...trace import storage_bytes
+from .. import records as read
 from ..harness import Rule
 from ..holdings import extra_bytes
 
@@ -57,15 +58,11 @@ def _bound(tensors: list[int], n: int) -> int:
     return sum(math.ceil(t / n) for t in tensors)
 
 
-def _notes(rec: dict, event: str) -> list[dict]:
-    return [e for e in rec["events"] if e["event"] == event]
-
-
 def optimizer_sharded(records, case, n):
     tensors = [s for k, s in enumerate(case.sizes()) if k not in case.frozen]  # Ψ: trainable only
     bound = _bound(tensors, n)
     for r, rec in enumerate(records):
-        opts = _notes(rec, "optimizers")
+        opts = read.events(rec, "optimizers")
         facts = opts[-1]["optimizers"] if opts else []
         if not facts:
             return (f"rank {r} never called make_optimizer: build the optimizer of your shard "
@@ -82,7 +79,7 @@ def optimizer_sharded(records, case, n):
 
 def no_all_reduce(records, case, n):
     for r, rec in enumerate(records):
-        if any(c["op"] == "all_reduce" for c in rec["calls"]):
+        if read.calls(rec, "all_reduce"):
             return (f"rank {r} called dist.all_reduce: every rank then holds all the averaged "
                     "gradients, which ZeRO-2 saves by reduce-scattering them.")
     return None
@@ -109,7 +106,7 @@ def _kept_too_much(h: dict, r: int, case, n: int, who: str) -> str | None:
 
 def _grads_left(records, case, n, when: str, who: str, advice: str):
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if not h["where"].startswith(when):
                 continue
             if h["grad_bytes"]:
@@ -143,7 +140,7 @@ def _layers(case) -> list[int]:
 def params_freed_between_steps(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if h["where"].startswith("backward") and (full := _gathered(h, layers)):
                 return (f"after {h['where'].replace('backward', 'the backward of step')} rank {r} "
                         f"still holds the gathered parameters of layer(s) {full} "
@@ -161,7 +158,7 @@ def params_freed_between_steps(records, case, n):
 def layers_freed_in_forward(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if h["where"].startswith("backward") and _gathered(h, layers):
                 break  # still gathered from the backward: params_freed_between_steps says so
             if h["where"].startswith("forward") and len(full := _gathered(h, layers)) > 2:
@@ -179,14 +176,15 @@ def regathered_in_backward(records, case, n):
     backwards = case.steps + 1
     want = len(_layers(case)) * backwards
     for r, rec in enumerate(records):
-        if any(c["op"] == "all_reduce" for c in rec["calls"]):
+        if read.calls(rec, "all_reduce"):
             return f"rank {r} called dist.all_reduce; ZeRO-3 reduce-scatters the gradients."
-        gathers = [c for c in rec["calls"] if c["op"].startswith("all_gather") and c["in_backward"]]
+        in_backward = read.calls(rec, backward=True)
+        gathers = [c for c in in_backward if c["op"].startswith("all_gather")]
         if len(gathers) < want:
             return (f"rank {r} all-gathered {len(gathers)} times during {backwards} backward "
                     f"passes; each of the {len(_layers(case))} layers must be gathered again "
                     f"before its backward ({want} gathers), since it was freed after its forward.")
-        scatters = [c for c in rec["calls"] if c["op"].startswith("reduce_scatter") and c["in_backward"]]
+        scatters = [c for c in in_backward if c["op"].startswith("reduce_scatter")]
         if len(scatters) < want:
             return (f"rank {r} reduce-scattered {len(scatters)} times during backward; each layer's "
                     "gradients are reduce-scattered right after its backward, so the full "

@@ -25,6 +25,7 @@ from torch import nn
 from ... import check
 from ...launch.runtime import device
 from ..harness import Graded
+from ..plain import plain
 from . import hints, rules
 
 INIT_SEED, DATA_SEED = 3, 17
@@ -165,13 +166,13 @@ def runner(stage: int):
                 p.grad = None
         spy.note("optimizers", optimizers=[rules.optimizer_facts(o) for o in made])
         # per step (numel,): every layer's parameters as the forward saw them, flat
-        return {"flats": [torch.cat(f).cpu() if f else None for f in flats]}
+        return {"flats": [plain(torch.cat(f)) if f else None for f in flats]}
     return run
 
 
 def flat(mod: nn.Module) -> torch.Tensor:
-    """(numel of ``mod``,): its parameters, flat, on the CPU."""
-    return torch.cat([p.detach().reshape(-1).clone() for p in mod.parameters()]).cpu()
+    """(numel of ``mod``,): a copy of its parameters, flat."""
+    return torch.cat([p.detach().reshape(-1).clone() for p in mod.parameters()])
 
 
 def settle(result: dict, case: Case, i: int, n: int) -> bool:
