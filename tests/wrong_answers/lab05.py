@@ -1,12 +1,22 @@
-"""Typical wrong answers to Lab 05's exercises (ZeRO-1/2/3 by hand, FSDP2, memory and bytes).
+"""Answers to Lab 05's exercises (ZeRO-1/2/3 by hand, FSDP2, memory and bytes), right and wrong.
 
-``WRONG`` maps each exercise to a list of (fixture, words the check's message
-must contain).  The ZeRO fixtures are small variations of one flat-shard
-design (``_Flat``), each with the one mistake its name says.
-tests/ranks/test_lab05.py runs every fixture, batched into one launch per world size.
+The four tables of tests/answer_suite.py, keyed by the exercises of
+``parlab.grading.lab05.EXERCISES``: ``CORRECT`` (right answers written
+differently from the notebook's), ``WRONG`` (answers students really write,
+each with the words the check's message must contain), ``WRONG_HIDDEN`` and
+``ALONE`` (none in this lab).  The ZeRO fixtures are small variations of one
+flat-shard design (``_Flat``) or one per-layer design (``_Layers``), each
+with the one mistake its name says.  Among them, answers with the right
+numbers that break a stated rule: every rank stepping the whole model
+(``zero1_full_model``, ``zero2_steps_every_param``, ``zero3_full_master``),
+a formula taken from ``parlab.cost`` (``memory_from_cost``,
+``comm_from_cost``).  tests/ranks/test_lab05.py runs every fixture, batched
+into one launch per world size.
 """
 import torch
 import torch.distributed as dist
+
+import parlab
 
 
 # ------------------------------------------------------------ shared pieces of the fixtures
@@ -23,7 +33,8 @@ class _Flat:
         self.n, self.rank = dist.get_world_size(), dist.get_rank()
         self.numel = sum(p.numel() for p in self.params)
         self.chunk = self.chunk_size()
-        flat = self.padded([p.detach() for p in self.params])
+        flat = self.padded([p.detach() for p in self.params])  # (chunk·n,): every trainable element, padded
+        # (chunk,): this rank's slice of the flat vector, the only part it steps
         self.shard = flat[self.rank * self.chunk:(self.rank + 1) * self.chunk].clone().requires_grad_()
         self.opt = make_optimizer(self.optimized())
 
@@ -46,13 +57,14 @@ class _Flat:
         return self.padded([p.grad for p in self.params])
 
     def scatter_grads(self):
+        # g: (chunk·n,), this rank's full gradient, flat and padded
         g = self.grads()
-        mine = torch.empty(self.chunk)
+        mine = torch.empty(self.chunk)  # (chunk,): the sum over ranks of this rank's slice
         dist.reduce_scatter_tensor(mine, g)
         return mine / self.n if self.divide else mine
 
     def gather(self):
-        full = torch.empty(self.chunk * self.n)
+        full = torch.empty(self.chunk * self.n)  # (chunk·n,): every rank's updated shard, in rank order
         dist.all_gather_into_tensor(full, self.shard.detach())
         self.write(full)
 
@@ -200,6 +212,24 @@ class zero2_keeps_flat_buffer(_Flat):
         self.gather()
 
 
+class zero2_steps_every_param(_Flat):
+    """Reduce-scatters the gradients, then all-gathers them back so that every rank steps every parameter."""
+
+    def optimized(self):
+        return self.params
+
+    def step(self):
+        full = torch.empty(self.chunk * self.n)  # (chunk·n,): every rank's averaged shard, padded
+        dist.all_gather_into_tensor(full, self.scatter_grads())
+        off = 0
+        for p in self.params:
+            p.grad = full[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        self.opt.step()
+        for p in self.params:
+            p.grad = None
+
+
 # ------------------------------------------------------------ exercise 5: ZeRO-3
 class _Layers:
     """One padded flat buffer per layer; params are views of it; storage resized to 0 when freed."""
@@ -216,9 +246,10 @@ class _Layers:
             params = list(layer.parameters())
             numel = sum(p.numel() for p in params)
             chunk = -(-numel // self.n)
-            full = torch.zeros(chunk * self.n)
+            full = torch.zeros(chunk * self.n)  # (chunk·n,): the layer's parameters, flat and padded
             full[:numel] = torch.cat([p.detach().reshape(-1) for p in params])
             u = {"params": params, "full": full, "chunk": chunk, "numel": numel, "ready": 0,
+                 # (chunk,): this rank's slice of the layer, kept while the full buffer is freed
                  "shard": full[self.rank * chunk:(self.rank + 1) * chunk].clone().requires_grad_()}
             off = 0
             for p in params:
@@ -230,7 +261,10 @@ class _Layers:
             layer.register_forward_hook(lambda m, a, out, u=u: self.after_forward(u, out))
             for p in params:
                 p.register_post_accumulate_grad_hook(lambda p, u=u: self.grad_ready(u))
-        self.opt = make_optimizer([u["shard"] for u in self.units])
+        self.opt = make_optimizer(self.optimized())
+
+    def optimized(self):
+        return [u["shard"] for u in self.units]
 
     def free(self, u):
         u["full"].untyped_storage().resize_(0)
@@ -247,7 +281,7 @@ class _Layers:
             out.register_hook(lambda g, u=u: self.gather(u))
 
     def reduce(self, u, g):
-        mine = torch.empty(u["chunk"])
+        mine = torch.empty(u["chunk"])  # (chunk,): the sum over ranks of this rank's slice of the layer
         dist.reduce_scatter_tensor(mine, g)
         return mine
 
@@ -319,6 +353,27 @@ class zero3_kept_after_backward(_Layers):
             self.free_after_forward = True
 
 
+class zero3_full_master(_Layers):
+    """Gathers and frees each layer right, but keeps a full fp32 master copy of it that every rank steps."""
+
+    def optimized(self):
+        for u in self.units:
+            u["master"] = torch.empty(u["chunk"] * self.n)  # (chunk·n,): the whole layer, padded
+            dist.all_gather_into_tensor(u["master"], u["shard"].detach())
+            u["master"].requires_grad_()
+        return [u["master"] for u in self.units]
+
+    def step(self):
+        for u in self.units:
+            u["master"].grad = torch.empty_like(u["master"])
+            dist.all_gather_into_tensor(u["master"].grad, u["shard"].grad)
+        self.opt.step()
+        with torch.no_grad():
+            for u in self.units:  # (chunk,): this rank's part of the stepped master
+                u["shard"].copy_(u["master"][self.rank * u["chunk"]:(self.rank + 1) * u["chunk"]])
+                u["master"].grad = None
+
+
 # ------------------------------------------------------------ exercises 1 and 2: predictions
 def memory_no_master(n_params, n, stage):
     """Counts Adam as 8 bytes (momentum + variance) and forgets the fp32 master weights."""
@@ -353,6 +408,13 @@ def memory_from_cost(n_params, n, stage):
     from parlab.cost import zero_memory_per_gpu
 
     return zero_memory_per_gpu(n_params, n, stage)
+
+
+def comm_from_cost(n_params, n, stage, bytes_per_elem):
+    """Right numbers, taken from the check's own reference instead of a formula."""
+    from parlab.cost import zero_comm_elems
+
+    return zero_comm_elems(n_params, n, stage) * bytes_per_elem
 
 
 # ------------------------------------------------------------ exercise 6: FSDP2
@@ -422,11 +484,199 @@ def fsdp2_every_linear(model, blocks):
     fully_shard(model)
 
 
+# ------------------------------------------------------------ right answers, written differently
+def memory(n_params, n, stage):
+    w, g, o = 2 * n_params, 2 * n_params, 12 * n_params
+    return [w + g + o, w + g + o / n, w + (g + o) / n, (w + g + o) / n][stage]
+
+
+def memory_from_bytes_per_param(n_params, n, stage):
+    """16 bytes per parameter, with the sharded ones divided by n."""
+    per = {0: 16, 1: 4 + 12 / n, 2: 2 + 14 / n, 3: 16 / n}[stage]
+    return per * n_params
+
+
+def comm(n_params, n, stage, bytes_per_elem):
+    k = 3 if stage == 3 else 2
+    return k * (n - 1) * n_params * bytes_per_elem / n
+
+
+class zero1_tensor_split:
+    """Uneven shards from tensor_split, per-parameter all-reduce, list all_gather of padded pieces."""
+
+    def __init__(self, params, make_optimizer):
+        self.params = [p for p in params if p.requires_grad]
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.sizes = [len(c) for c in flat.tensor_split(self.n)]
+        self.lo = sum(self.sizes[: self.rank])
+        self.hi = self.lo + self.sizes[self.rank]
+        self.shard = flat[self.lo:self.hi].clone().requires_grad_()
+        self.opt = make_optimizer([self.shard])
+
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+        g = torch.cat([p.grad.reshape(-1) for p in self.params]) / self.n
+        self.shard.grad = g[self.lo:self.hi].clone()
+        self.opt.step()
+        big = max(self.sizes)
+        mine = torch.zeros(big)
+        mine[: self.hi - self.lo] = self.shard.detach()
+        parts = [torch.empty(big) for _ in range(self.n)]
+        dist.all_gather(parts, mine)
+        flat = torch.cat([part[:s] for part, s in zip(parts, self.sizes)])
+        off = 0
+        with torch.no_grad():
+            for p in self.params:
+                p.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+
+
+class zero1_flat(_Flat):
+    """The shared flat-shard design: reduce-scatter is allowed in ZeRO-1 too."""
+
+
+class zero1_per_tensor:
+    """A padded shard of each trainable tensor; frozen ones skipped at step time by their None grad."""
+
+    def __init__(self, params, make_optimizer):
+        self.params = list(params)  # frozen ones too: they are recognised by p.grad is None
+        self.n, self.rank = dist.get_world_size(), dist.get_rank()
+        self.shards = {}
+        for k, p in enumerate(self.params):
+            if p.requires_grad:
+                c = -(-p.numel() // self.n)
+                flat = torch.zeros(c * self.n)
+                flat[: p.numel()] = p.detach().reshape(-1)
+                self.shards[k] = flat[self.rank * c:(self.rank + 1) * c].clone().requires_grad_()
+        self.opt = make_optimizer(list(self.shards.values()))
+
+    def step(self):
+        for k, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            shard = self.shards[k]
+            c = shard.numel()
+            g = torch.zeros(c * self.n)
+            g[: p.numel()] = p.grad.reshape(-1)
+            dist.all_reduce(g)
+            shard.grad = g[self.rank * c:(self.rank + 1) * c] / self.n
+        self.opt.step()
+        for k, shard in self.shards.items():
+            p = self.params[k]
+            full = torch.empty(shard.numel() * self.n)
+            dist.all_gather_into_tensor(full, shard.detach())
+            with torch.no_grad():
+                p.copy_(full[: p.numel()].view_as(p))
+
+
+class zero2_flat(_Flat):
+    def step(self):
+        self.shard.grad = self.scatter_grads()
+        for p in self.params:
+            p.grad = None
+        self.opt.step()
+        self.gather()
+
+
+class zero2_list_api(zero2_flat):
+    """dist.reduce_scatter and dist.all_gather with lists of chunks."""
+
+    def scatter_grads(self):
+        chunks = list(self.grads().split(self.chunk))
+        mine = torch.empty(self.chunk)
+        dist.reduce_scatter(mine, chunks)
+        return mine / self.n
+
+    def gather(self):
+        parts = [torch.empty(self.chunk) for _ in range(self.n)]
+        dist.all_gather(parts, self.shard.detach())
+        self.write(torch.cat(parts))
+
+
+class zero3_layers(_Layers):
+    """Per-layer padded buffers, storage resized to 0 when freed."""
+
+
+class zero3_prefetch(_Layers):
+    """Also gathers the next layer in forward before it is needed (two layers gathered at most)."""
+
+    def __init__(self, layers, make_optimizer):
+        super().__init__(layers, make_optimizer)
+        for u, nxt in zip(self.units, self.units[1:] + [None]):
+            u["next"] = nxt
+
+    def gather(self, u):
+        if u["full"].untyped_storage().nbytes() == 0:
+            super().gather(u)
+        nxt = u.get("next")
+        if torch.is_grad_enabled() and nxt is not None and nxt["full"].untyped_storage().nbytes() == 0:
+            super().gather(nxt)
+
+
+def fsdp2_loop(model, blocks):
+    from torch.distributed.fsdp import fully_shard
+
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def fsdp2_mesh_explicit_defaults(model, blocks):
+    """An explicit 1-D mesh, the default resharding spelled out, the blocks found by type, returns the model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from parlab.models.gpt import Block
+
+    mesh = init_device_mesh(parlab.device().type, (dist.get_world_size(),))
+    for m in model.modules():
+        if isinstance(m, Block):
+            fully_shard(m, mesh=mesh, reshard_after_forward=True)
+    return fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+
+class zero2_keeps_buffers(zero2_flat):
+    """Keeps a shard-sized gradient buffer and a full-size parameter buffer between steps."""
+
+    def scatter_grads(self):
+        g = self.grads()
+        if not hasattr(self, "mine"):
+            self.mine = torch.empty(self.chunk)
+        dist.reduce_scatter_tensor(self.mine, g)
+        return self.mine / self.n
+
+    def gather(self):
+        if not hasattr(self, "full"):
+            self.full = torch.empty(self.chunk * self.n)
+        dist.all_gather_into_tensor(self.full, self.shard.detach())
+        self.write(self.full)
+
+
+def comm_fraction(n_params, n, stage, bytes_per_elem):
+    """Per collective: (N - 1)/N of Ψ each, two of them, a third (the backward's gather) in stage 3."""
+    from fractions import Fraction
+
+    collectives = 3 if stage == 3 else 2
+    return float(collectives * Fraction(n - 1, n) * Fraction(n_params) * Fraction(bytes_per_elem))
+
+
+CORRECT = {
+    "memory": [memory, memory_from_bytes_per_param],
+    "comm": [comm, comm_fraction],
+    "zero1": [zero1_tensor_split, zero1_flat, zero1_per_tensor],
+    "zero2": [zero2_flat, zero2_list_api, zero2_keeps_buffers],
+    "zero3": [zero3_layers, zero3_prefetch],
+    "fsdp2": [fsdp2_loop, fsdp2_mesh_explicit_defaults],
+}
+
 WRONG = {
     "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's"),
                (memory_from_cost, "parlab.cost.zero_memory_per_gpu")],
     "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice"),
-             (comm_zero1_all_reduce, "as Exercise 3's ZeRO1 runs it")],
+             (comm_zero1_all_reduce, "as Exercise 3's ZeRO1 runs it"),
+             (comm_from_cost, "parlab.cost.zero_comm_elems")],
     "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
               (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged"),
               (zero1_never_writes_back, "never written back"),
@@ -436,13 +686,15 @@ WRONG = {
     "zero2": [(zero2_all_reduce, "no `dist.all_reduce`"), (zero2_keeps_grads, "still hold gradients"),
               (zero2_summed, "not averaged"),
               (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
-              (zero2_keeps_flat_buffer, "the size of the whole gradient")],
+              (zero2_keeps_flat_buffer, "the size of the whole gradient"),
+              (zero2_steps_every_param, "every rank steps every parameter")],
     "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
               (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged"),
               (zero3_keeps_full_grads, "still hold their full gradients"),
-              (zero3_kept_after_backward, "after the backward of step")],
+              (zero3_kept_after_backward, "after the backward of step"),
+              (zero3_full_master, "every rank steps every parameter")],
     "fsdp2": [(fsdp2_root_only, "only the root is wrapped"),
               (fsdp2_blocks_grouped, "not each their own unit"),
               (fsdp2_blocks_only, "fully_shard on the root"),
@@ -452,3 +704,5 @@ WRONG = {
               (fsdp2_every_linear, "too many units")],
 }
 
+WRONG_HIDDEN: dict = {}  # every wrong answer here is caught by the visible cases
+ALONE: dict = {}         # none hangs or crashes a rank for good: all share the batch launches

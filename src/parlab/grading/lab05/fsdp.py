@@ -21,7 +21,9 @@ from torch import nn
 
 from ... import check
 from ...launch.runtime import device
-from ..harness import Graded
+from .. import records as read
+from ..harness import Graded, Rule
+from ..plain import plain
 
 DATA_SEED = 23
 
@@ -75,6 +77,8 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
     from torch.distributed.fsdp import FSDPModule
 
     rank, n = dist.get_rank(), dist.get_world_size()
+    # every parameter whole here; the answer's fully_shard makes each a DTensor sharded on dim 0,
+    # its local part (at most ceil(dim0 / n), ...): this rank's rows
     model = case.build().to(device())
     blocks = list(model.blocks)
     with spy.watch():
@@ -83,6 +87,7 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
         model = returned
     spy.note("wrapped", root=isinstance(model, FSDPModule), blocks=len(blocks),
              wrapped_blocks=sum(isinstance(b, FSDPModule) for b in blocks))
+    # (rows, seq_len + 1): this rank's sequences of the (rows·n, seq_len + 1) global batch
     idx = case.batch(n)[rank * case.rows:(rank + 1) * case.rows].to(device())
     with spy.watch():
         spy.note("forward")
@@ -92,9 +97,9 @@ def run(fn, case: GPTCase, i: int, spy) -> dict:
     grads = {}
     for k, p in model.named_parameters():  # full_tensor() is a collective: outside the spy
         g = p.grad
-        g = g.full_tensor() if hasattr(g, "full_tensor") else g
-        grads[k] = None if g is None else g.detach().cpu()
-    return {"grads": grads}
+        g = g.full_tensor() if hasattr(g, "full_tensor") else g  # the parameter's full shape
+        grads[k] = g
+    return {"grads": plain(grads)}
 
 
 def settle(result: dict, case: GPTCase, i: int, n: int) -> bool:
@@ -143,16 +148,12 @@ def _wrong_grads(where, bad, got, want, case, idx, r, n) -> str:
                    f"{float(want[k].flatten()[i]):.6g}.")
 
 
-def _calls_between(rec: dict, start: str, end: str) -> list[dict]:
-    marks = {e["event"]: e["calls"] for e in rec["events"]}
-    return rec["calls"][marks.get(start, 0):marks.get(end, len(rec["calls"]))]
-
-
 def sharded_per_block(records, case, n) -> str | None:
     layers = case.cfg["n_layer"]
     for r, rec in enumerate(records):
-        gathers = [c for c in _calls_between(rec, "forward", "backward") if c["op"].startswith("all_gather")]
-        wrapped = next((e for e in rec["events"] if e["event"] == "wrapped"), {})
+        forward = read.between(rec, "forward", "backward")["calls"]
+        gathers = [c for c in forward if c["op"].startswith("all_gather")]
+        wrapped = read.event(rec, "wrapped") or {}
         if len(gathers) != layers + 1:
             if len(gathers) > layers + 1:
                 what = ("too many units: fully_shard was called on modules inside the blocks too "
@@ -172,9 +173,7 @@ def default_resharding(records, case, n) -> str | None:
     """FSDP2's default: every block resharded after forward (so gathered again in backward), the root not."""
     layers = case.cfg["n_layer"]
     for r, rec in enumerate(records):
-        marks = {e["event"]: e["calls"] for e in rec["events"]}
-        gathers = [c for c in rec["calls"][marks.get("backward", len(rec["calls"])):]
-                   if c["op"].startswith("all_gather")]
+        gathers = [c for c in read.between(rec, "backward")["calls"] if c["op"].startswith("all_gather")]
         if len(gathers) < layers:
             return (f"rank {r}'s backward made {len(gathers)} all-gather(s) for {layers} blocks: the "
                     "blocks stayed gathered from forward to backward (reshard_after_forward=False?), "
@@ -194,3 +193,20 @@ def error_hint(text: str) -> str:
                 "parameter not yet sharded, the blocks' too, so a block wrapped after the root "
                 "finds its parameters already sharded.")
     return ""
+
+
+# ---------------------------------------------------------------- the cases and the rules
+def gpt_case(**cfg) -> GPTCase:
+    return GPTCase(tuple(sorted(cfg.items())))
+
+
+VISIBLE = ((3, (gpt_case(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),)),)
+HIDDEN = ((2, (gpt_case(vocab_size=50, d_model=20, n_head=2, n_layer=3, seq_len=7),
+               gpt_case(vocab_size=37, d_model=12, n_head=3, n_layer=2, seq_len=5, bias=False,
+                        tie_weights=False))),)
+
+RULES = (Rule("Call `fully_shard` on each block, then on the root model: the forward makes one "
+              "all-gather per block and one for the root.", sharded_per_block),
+         Rule("Use the default options: each block is freed after its forward and gathered again "
+              "in backward (one all-gather per block in backward), while the root stays gathered.",
+              default_resharding))

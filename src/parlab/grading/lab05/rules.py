@@ -1,4 +1,4 @@
-"""Lab 05's measurements on the ranks and the rules judged on them (see ``lab05``).
+"""Lab 05, Exercises 3-5: the rules stated for ZeRO-1/2/3, and what a rank holds, measured to judge them.
 
 On each rank the grader notes, through the spy, what the rank holds at each
 point it looks (before every layer's forward, after every step):
@@ -23,7 +23,9 @@ import math
 
 import torch
 
-from ...trace import _storage_bytes
+from ...trace import storage_bytes
+from .. import records as read
+from ..harness import Rule
 from ..holdings import extra_bytes
 
 
@@ -37,8 +39,8 @@ def held(model, optimizers, where: str, obj=None) -> dict:
     layers = [m for m in model if any(True for _ in m.parameters(recurse=False))]
     extra = extra_bytes(obj, list(model.parameters()), optimizers) if obj is not None else None
     return {"where": where, "extra": extra,
-            "layer_bytes": [_storage_bytes(m.parameters()) for m in layers],
-            "grad_bytes": _storage_bytes(p.grad for p in model.parameters()),
+            "layer_bytes": [storage_bytes(m.parameters()) for m in layers],
+            "grad_bytes": storage_bytes(p.grad for p in model.parameters()),
             "opt_grad_elems": sum(p.grad.numel() for o in optimizers for g in o.param_groups
                                   for p in g["params"] if p.grad is not None)}
 
@@ -56,15 +58,11 @@ def _bound(tensors: list[int], n: int) -> int:
     return sum(math.ceil(t / n) for t in tensors)
 
 
-def _notes(rec: dict, event: str) -> list[dict]:
-    return [e for e in rec["events"] if e["event"] == event]
-
-
 def optimizer_sharded(records, case, n):
     tensors = [s for k, s in enumerate(case.sizes()) if k not in case.frozen]  # Ψ: trainable only
     bound = _bound(tensors, n)
     for r, rec in enumerate(records):
-        opts = _notes(rec, "optimizers")
+        opts = read.events(rec, "optimizers")
         facts = opts[-1]["optimizers"] if opts else []
         if not facts:
             return (f"rank {r} never called make_optimizer: build the optimizer of your shard "
@@ -81,7 +79,7 @@ def optimizer_sharded(records, case, n):
 
 def no_all_reduce(records, case, n):
     for r, rec in enumerate(records):
-        if any(c["op"] == "all_reduce" for c in rec["calls"]):
+        if read.calls(rec, "all_reduce"):
             return (f"rank {r} called dist.all_reduce: every rank then holds all the averaged "
                     "gradients, which ZeRO-2 saves by reduce-scattering them.")
     return None
@@ -108,7 +106,7 @@ def _kept_too_much(h: dict, r: int, case, n: int, who: str) -> str | None:
 
 def _grads_left(records, case, n, when: str, who: str, advice: str):
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if not h["where"].startswith(when):
                 continue
             if h["grad_bytes"]:
@@ -142,7 +140,7 @@ def _layers(case) -> list[int]:
 def params_freed_between_steps(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if h["where"].startswith("backward") and (full := _gathered(h, layers)):
                 return (f"after {h['where'].replace('backward', 'the backward of step')} rank {r} "
                         f"still holds the gathered parameters of layer(s) {full} "
@@ -160,7 +158,7 @@ def params_freed_between_steps(records, case, n):
 def layers_freed_in_forward(records, case, n):
     layers = _layers(case)
     for r, rec in enumerate(records):
-        for h in _notes(rec, "held"):
+        for h in read.events(rec, "held"):
             if h["where"].startswith("backward") and _gathered(h, layers):
                 break  # still gathered from the backward: params_freed_between_steps says so
             if h["where"].startswith("forward") and len(full := _gathered(h, layers)) > 2:
@@ -178,14 +176,15 @@ def regathered_in_backward(records, case, n):
     backwards = case.steps + 1
     want = len(_layers(case)) * backwards
     for r, rec in enumerate(records):
-        if any(c["op"] == "all_reduce" for c in rec["calls"]):
+        if read.calls(rec, "all_reduce"):
             return f"rank {r} called dist.all_reduce; ZeRO-3 reduce-scatters the gradients."
-        gathers = [c for c in rec["calls"] if c["op"].startswith("all_gather") and c["in_backward"]]
+        in_backward = read.calls(rec, backward=True)
+        gathers = [c for c in in_backward if c["op"].startswith("all_gather")]
         if len(gathers) < want:
             return (f"rank {r} all-gathered {len(gathers)} times during {backwards} backward "
                     f"passes; each of the {len(_layers(case))} layers must be gathered again "
                     f"before its backward ({want} gathers), since it was freed after its forward.")
-        scatters = [c for c in rec["calls"] if c["op"].startswith("reduce_scatter") and c["in_backward"]]
+        scatters = [c for c in in_backward if c["op"].startswith("reduce_scatter")]
         if len(scatters) < want:
             return (f"rank {r} reduce-scattered {len(scatters)} times during backward; each layer's "
                     "gradients are reduce-scattered right after its backward, so the full "
@@ -193,89 +192,28 @@ def regathered_in_backward(records, case, n):
     return None
 
 
-#: How torch and gloo word a collective whose sizes are not world_size equal pieces.
-_UNEVEN_WORDS = ("outputShape[0] * worldSize", "inputShape[0]", "must be divisible by",
-                 "Tensor input and output", "output tensor size must be equal to world_size")
-UNEVEN_HINT = ("the collective's sizes were not world_size equal pieces: with Ψ not divisible by N, "
-               "pad the flat vector to ceil(Ψ / N) · N elements so that every shard has "
-               "ceil(Ψ / N) elements (the output of all_gather_single/reduce_scatter_single is "
-               "exactly world_size × the input's elements).")
+# ---------------------------------------------------------------- the rules each exercise states
+OWN_SHARD = Rule("Hand `make_optimizer` only this rank's shard: at most the sum over the parameter "
+                 "tensors of ceil(numel / N) elements (ceil(Ψ / N) for one flat shard), so the "
+                 "optimizer state is sharded too.", optimizer_sharded)
 
+ZERO1 = (OWN_SHARD,)
 
-def uneven_hint(text: str) -> str:
-    """The padding hint, on torch's or gloo's own wording of unequal collective sizes."""
-    return UNEVEN_HINT if any(w in text for w in _UNEVEN_WORDS) else ""
+ZERO2 = (OWN_SHARD,
+         Rule("Reduce-scatter the gradients: no `dist.all_reduce`.", no_all_reduce),
+         Rule("After `step()` no parameter of the model keeps its `.grad`, and your object keeps "
+              "no full-size gradient buffer (at most two shards' worth of tensors besides the "
+              "parameters and the optimizer's state): the only gradient a rank holds is its "
+              "shard's.", grads_freed))
 
-
-def frozen_hint(text: str) -> str:
-    """ZeRO-1/2: a parameter's ``.grad`` was None, as a frozen parameter's always is."""
-    if hint := uneven_hint(text):
-        return hint
-    if "'NoneType' object has no attribute" in text or "got NoneType" in text:
-        return ("a parameter's .grad was None. The check's last model has frozen parameters "
-                "(requires_grad=False), which get no gradient: shard only the parameters with "
-                "p.requires_grad, and leave the frozen ones untouched (filling their gradient with "
-                "zeros is not the same: AdamW's weight decay would still move them).")
-    return ""
-
-
-def frozen_moved(where: str, s: int, got, want, case) -> str:
-    """The frozen parameters changed: name them, and the zero-filled gradient if that is what it was."""
-    sizes, names = case.sizes(), case.names()
-    offsets = [sum(sizes[:k]) for k in range(len(sizes))]
-    moved = [names[k] for k in case.frozen
-             if not torch.equal(got[offsets[k]:offsets[k] + sizes[k]], want[offsets[k]:offsets[k] + sizes[k]])]
-    mask = case.frozen_mask()
-    decayed = (s >= 1 and case.decay != 1.0
-               and bool(torch.allclose(got[mask], want[mask] * case.decay**s, rtol=1e-5, atol=1e-7)))
-    why = (" They shrank by exactly AdamW's weight decay: their gradient was filled with zeros and "
-           "they were stepped." if decayed else "")
-    return (f"{where}, the frozen parameter(s) {', '.join(moved)} (requires_grad=False) changed "
-            f"before forward {s}: single-process AdamW skips a parameter whose .grad is None, so "
-            f"they must stay bit-identical.{why} Shard and step only the parameters with "
-            "p.requires_grad, and never write into the frozen ones.")
-
-
-def error_hint(text: str) -> str:
-    if hint := uneven_hint(text):
-        return hint
-    if "storage" in text or "out of bounds" in text or "size 0" in text:
-        return ("a layer's parameters were freed when backward needed them: backward reads the "
-                "weights again, so gather them before each layer's backward (a hook on the "
-                "layer's output) and free them only after.")
-    return ""
-
-
-# ---------------------------------------------------------------- wrong values
-def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, every: list) -> str:
-    """Name the likely mistake behind parameters that differ from single-process training."""
-    count = int(bad.sum())
-    head = (f"{where}, {count} of {case.numel} parameters differ from single-process training "
-            f"before forward {s} (after {s} step{'s' if s != 1 else ''}).")
-    stale = bad & (got == ref[0])
-    if s >= 1 and bool(stale[bad].all()):
-        if all(g is not None and g.shape == got.shape and bool((g == ref[0])[bad].all()) for g in every):
-            moving = ~case.frozen_mask() & (ref[s] != ref[0])
-            if bool(moving.any()) and bool(stale[moving].all()):
-                return (head + " None of the model's parameters moved, on any rank: the updated "
-                        "shards were never written back. After the shard's step, all-gather the "
-                        "updated shards and copy them into the model's parameters (p.copy_ under "
-                        "torch.no_grad()).")
-            idx = bad.nonzero().flatten().tolist()
-            return (head + f" Parameter(s) {idx} were never updated, on any rank: the shards do "
-                    f"not cover every element. With Ψ = {case.trainable} not divisible by N = {n}, "
-                    "the shard boundaries must still reach the last element (ceil(Ψ / N) per "
-                    "rank, the last shard shorter or padded).")
-        return (head + " Those parameters were never updated on this rank: only its own shard "
-                "moved. All-gather the updated shards after the step, so every rank holds the "
-                "whole updated model.")
-    if s == 1 and case.optim == "sgd":
-        d_got, d_ref = got - ref[0], ref[1] - ref[0]
-        scale = float((d_got * d_ref).sum() / (d_ref * d_ref).sum()) if bool(d_ref.any()) else 0.0
-        if abs(scale - n) < 1e-3 * n and n > 1:
-            return (head + f" The first update is {n} = world_size times too large: the gradients "
-                    "were summed over the ranks, not averaged (divide by world_size).")
-        if abs(scale - 1 / n) < 1e-3:
-            return head + " The first update is 1/world_size of the right one: divided twice?"
-    i = int(bad.nonzero()[0])
-    return head + f" The first is parameter {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}."
+ZERO3 = (OWN_SHARD,
+         Rule("Free each layer's gathered parameters after its forward: at most two layers are "
+              "gathered at any time in forward.", layers_freed_in_forward),
+         Rule("Between steps a rank holds only shards: the model's parameters take no memory "
+              "outside a layer's forward and backward.", params_freed_between_steps),
+         Rule("All-gather each layer's parameters again in backward, and reduce-scatter its "
+              "gradients there: no `dist.all_reduce`.", regathered_in_backward),
+         Rule("After `backward()` the only gradients a rank holds are its shards': no `p.grad` "
+              "on the model's parameters, and no full-size gradient buffer kept (at most two "
+              "shards' worth of tensors besides the parameters and the optimizer's state).",
+              full_grads_freed))
