@@ -47,7 +47,7 @@ c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True
 
 # ---------------------------------------------------------------- grading that a submission cannot subvert
-# parlab's execute step (parlab/grading/autograde.py) replaces nbgrader's: it
+# parlab's execute step (parlab/grading/autograde/execute.py) replaces nbgrader's: it
 # grades each test cell's checks in a fresh process instead of in the
 # student's kernel (where an earlier cell may have replaced a check, parlab,
 # torch or a builtin), and when a cell kills the kernel it records that

@@ -37,7 +37,7 @@ from class_course import (add_students, gradebook_scores, make_course, notebook,
 
 from nbgrader_harness import lab_names  # noqa: E402
 
-from parlab.grading.classgrade.run import widest_launch  # noqa: E402
+from parlab.classgrade.run import widest_launch  # noqa: E402
 
 #: Seconds per submission from the README / docs/instructor.md measurements (autograde of two
 #: students, the solution whole and the blank cut to its graded cells, idle 2-core machine), used

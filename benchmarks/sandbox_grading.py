@@ -25,7 +25,8 @@ from pathlib import Path
 import cloudpickle
 import nbformat
 
-from parlab.grading import harness, sandbox, shared_launches
+from parlab.grading import harness
+from parlab.grading.autograde import sandbox, shared_launches
 from parlab.grading.autograde import graded_calls
 
 REPO = Path(__file__).resolve().parents[1]

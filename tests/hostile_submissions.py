@@ -39,7 +39,7 @@ import psutil
 from class_course import add_students, gradebook_scores, make_course, notebook, submit, tool_env
 from nbgrader_harness import REPO, TOKEN_VAR, leftover_processes, source_notebook
 from parlab.grading import boundary
-from parlab.grading.classgrade.worker import LOG as worker_log
+from parlab.classgrade.worker import LOG as worker_log
 
 LAB = "00-setup"
 MARKER = "zz-private-marker-7f3a9c"  # only in zz's submission

@@ -15,7 +15,7 @@ def main(argv=None) -> int:
 
         return doctor()
     if argv[:1] == ["grade"]:
-        from .grading.classgrade.cli import main as grade
+        from .classgrade.cli import main as grade
 
         return grade(argv[1:])
     print(USAGE, file=sys.stderr)

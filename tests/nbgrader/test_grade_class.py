@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from parlab.grading.classgrade import run as scheduler
+from parlab.classgrade import run as scheduler
 from class_course import (add_students, blanked_feedback, gradebook_scores, make_course, notebook, serial_autograde, submit,
                           tool_env, with_changed_cell_id)
 from nbgrader_harness import TOKEN_VAR, leftover_processes

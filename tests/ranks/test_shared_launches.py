@@ -11,8 +11,9 @@ import time
 import cloudpickle
 import pytest
 
-from parlab.grading import harness, lab00, sandbox, shared_launches
-from parlab.grading.shared_launches import TASK_NOTE, grade_shared, task_of
+from parlab.grading import harness, lab00
+from parlab.grading.autograde import sandbox, shared_launches
+from parlab.grading.autograde.shared_launches import TASK_NOTE, grade_shared, task_of
 from parlab.launch.errors import WorkerError
 from wrong_answers import lab00 as answers
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from parlab.grading.classgrade import cli
+from parlab.classgrade import cli
 from class_course import (add_students, blanked_feedback, duplicate_grades, gradebook_scores, make_course, notebook,
                           serial_autograde, submit, tool_env)
 from nbgrader_harness import TOKEN_VAR, leftover_processes

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 import parlab
-from parlab.grading.classgrade import array_slurm
+from parlab.classgrade import array_slurm
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 

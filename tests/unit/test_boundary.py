@@ -14,7 +14,7 @@ import pytest
 
 from nbgrader_harness import REPO
 from parlab.grading import boundary
-from parlab.grading.classgrade import inputs, plan, processes, task, worker
+from parlab.classgrade import inputs, plan, processes, task, worker
 
 pytestmark = pytest.mark.unit
 

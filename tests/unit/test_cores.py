@@ -95,7 +95,7 @@ def test_a_quota_above_the_affinity_changes_nothing_and_no_proc_means_no_quota(t
 def test_launcher_grader_and_doctor_all_count_the_quota(monkeypatch):
     """A 4-CPU quota on 112 cores: 2 threads per rank of 2, 1 grading worker per 4-rank lab."""
     from parlab import doctor
-    from parlab.grading.classgrade import run
+    from parlab.classgrade import run
     from parlab.launch.job import Job
 
     monkeypatch.setattr(cores, "affinity_cores", lambda: 112)

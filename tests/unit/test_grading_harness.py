@@ -10,7 +10,7 @@ import torch
 from parlab import check
 from parlab.grading import harness
 from parlab.grading.autograde import graded_calls
-from parlab.grading.sandbox import grade_request
+from parlab.grading.autograde.sandbox import grade_request
 from parlab.grading.spy import Spy
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]

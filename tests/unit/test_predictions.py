@@ -51,3 +51,9 @@ def test_graded_end_to_end_in_process():
     assert report[("demo.bytes", "right")] is None
     assert "Bits instead of bytes." in report[("demo.bytes", "bits")]
     assert "The exercise says:" in report[("demo.bytes", "cheat")]
+
+
+def test_a_case_that_is_not_a_tuple_is_the_one_argument():
+    grade = prediction_grader(lambda case: f"f for {case['n']}", lambda case: 2 * case["n"])
+    assert grade(Graded("f", 1, [{"n": 3}], [[6]])) is None
+    assert grade(Graded("f", 1, [{"n": 3}], [[7]])).startswith("f for 3 returned 7, expected 6.")

@@ -97,3 +97,9 @@ def test_a_real_spy_record_reads_the_same_way():
     rec = spy.record()
     assert [p["events"] for p in records.steps(rec)] == [[rec["events"][0]], [rec["events"][1]]]
     assert records.event(rec, "step")["loss"] == 1.0
+
+
+def test_events_of_every_kind_in_one_pass():
+    rec = _record()
+    assert records.events(rec) == rec["events"]
+    assert records.events(rec, backward=True) == [rec["events"][3]]

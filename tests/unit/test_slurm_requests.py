@@ -12,7 +12,7 @@ The real cluster's view of the same requests is in tests/slurm/test_slurm_asks.p
 """
 import pytest
 
-from parlab.grading.classgrade import array_slurm, cli
+from parlab.classgrade import array_slurm, cli
 from parlab.launch import queue_offer, slurm
 from parlab.launch.job import Job
 from parlab.launch.tasks import CallTask

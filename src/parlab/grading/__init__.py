@@ -19,8 +19,12 @@ compares a returned number with the expected one and, when the answer
 matches a known wrong answer (bits instead of bytes, GB instead of bytes, a
 forgotten factor), says which mistake it was.  It is re-exported here.
 ``harness`` declares exercises and grades them; ``spy`` records how an
-answer did its work; ``sandbox`` and ``shared_launches`` run the answers
-(autograding, one launch per world size shared across a notebook's answers).
+answer did its work and ``records`` reads that record; ``plain`` turns what
+leaves a rank into plain data; ``predictions`` declares the "predict a
+number" exercises.  ``autograde`` runs the answers while nbgrader grades a
+submission (``execute``, ``sandbox`` and ``shared_launches``: one launch per
+world size shared across a notebook's answers).  Grading a whole class
+(workers, the Slurm array, the merge) is not a check: it is ``parlab.classgrade``.
 
 Each lab's checks live together in ``labNN/``: ``__init__`` declares the
 exercises and the ``check_*`` functions the notebook calls, and the lab's

@@ -33,7 +33,7 @@ in the grader ``judge`` turns one task's per-rank output into its message.
 Isolation: during ``nbgrader autograde`` the notebook's kernel cannot be
 trusted (a cell may have replaced a check, ``parlab`` or torch).  There the
 check in the kernel only says it was recorded; ``parlab.grading.autograde``
-sends the answer by value to ``parlab.grading.sandbox``, a fresh process
+sends the answer by value to ``parlab.grading.autograde.sandbox``, a fresh process
 that runs ``grade_batch(..., isolate=True)``: the answer is unpickled only on
 the ranks, and the ranks' results come back as plain data that cannot run
 code in the grader.

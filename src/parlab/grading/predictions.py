@@ -10,7 +10,8 @@ A lab's "predict a number" exercise is declared with ``prediction``::
         visible=((7.5e9, 64, 0), ...), hidden=((1e6, 4, 1), ...))
 
 Each case is the tuple of arguments the answer is called with, in one
-process (a formula needs no ranks).  ``run_prediction`` calls it inside
+process (a formula needs no ranks); ``want``, ``mistakes`` and ``call``
+take the same arguments (a case that is not a tuple is the one argument).  ``run_prediction`` calls it inside
 ``spy.watch()``, noting any call into ``parlab.cost`` (the check's own
 reference: ``NO_COST`` is the rule against it), and returns the number as
 plain data.  ``prediction_grader`` compares it with ``want(*args)`` through
@@ -42,18 +43,25 @@ def _no_mistakes(*args) -> Sequence[tuple[float, str]]:
     return ()
 
 
-def prediction_grader(call: str, want: Callable[..., float],
+def _arguments(case) -> tuple:
+    return case if isinstance(case, tuple) else (case,)
+
+
+def prediction_grader(call: str | Callable[..., str], want: Callable[..., float],
                       mistakes: Callable[..., Sequence[tuple[float, str]]] = _no_mistakes,
                       unit: str = "", rtol: float = 1e-6,
                       integer: bool = False) -> Callable[[Graded], str | None]:
     """A grader: the message for the first case whose number is not ``want(*args)``, or None.
 
     ``call`` shows the call with ``{}`` for each argument
-    (``"weight_bytes(n_params={}, bytes_per_param={})"``).
+    (``"weight_bytes(n_params={}, bytes_per_param={})"``), or is a function
+    of the arguments that gives that text.
     """
     def grade(g: Graded) -> str | None:
-        for i, args in enumerate(g.cases[:len(g.results[0])]):
-            message = number_message(g.results[0][i], want(*args), call.format(*args),
+        for i, case in enumerate(g.cases[:len(g.results[0])]):
+            args = _arguments(case)
+            shown = call(*args) if callable(call) else call.format(*args)
+            message = number_message(g.results[0][i], want(*args), shown,
                                      mistakes(*args), rtol=rtol, unit=unit, integer=integer)
             if message:
                 return message

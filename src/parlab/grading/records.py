@@ -48,10 +48,10 @@ def used(record: dict, *names: str) -> list[str]:
     return seen
 
 
-def events(record: dict, kind: str, backward: bool | None = None) -> list[dict]:
-    """The record's events of ``kind`` in order; with ``backward`` given, only those whose
-    ``in_backward`` fact equals it (an event without that fact is in neither)."""
-    return [e for e in record["events"] if e["event"] == kind
+def events(record: dict, kind: str | None = None, backward: bool | None = None) -> list[dict]:
+    """The record's events of ``kind`` (None: of every kind) in order; with ``backward`` given,
+    only those whose ``in_backward`` fact equals it (an event without that fact is in neither)."""
+    return [e for e in record["events"] if (kind is None or e["event"] == kind)
             and (backward is None or e.get("in_backward") == backward)]
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ...parallel.mesh import Mesh
 from ..harness import Exercise, Graded
+from ..plain import plain
 
 AXES = ("pp", "dp", "tp")
 _LETTER = {"pp": "p", "dp": "d", "tp": "t"}
@@ -40,17 +41,9 @@ class Shape:
 
 
 def _plain_ints(value):
-    """A returned coordinate triple / rank / group list as plain ints, or a description of it."""
-    if hasattr(value, "tolist"):  # a torch or numpy value
-        value = value.tolist()
-    if isinstance(value, bool):
-        return {"repr": repr(value), "type": "bool"}
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, (tuple, list)):
-        items = [_plain_ints(v) for v in value]
-        return tuple(items)
-    return {"repr": repr(value)[:200], "type": type(value).__name__}
+    """A returned coordinate triple / rank / group list as plain ints (lists as tuples, torch and
+    numpy values through ``tolist``), anything else (a bool, a float) described."""
+    return plain(value, keep=(int,), tensors="list", containers=(list, tuple))
 
 
 def _is_ints(value, length: int | None = None) -> bool:

@@ -26,7 +26,9 @@ from functools import lru_cache
 from ... import cost, planner
 from ...planner import Cluster, ModelSpec, Plan, Workload
 from ..harness import Exercise, Graded, Rule, checker
-from ..numbers import number_message, plain_number
+from ..plain import plain_number
+from ..predictions import prediction_grader
+from ..records import events
 
 __all__ = ["check_memory_per_gpu", "check_choose", "MEMORY", "CHOOSE", "SCENARIOS", "HIDDEN"]
 
@@ -183,19 +185,14 @@ def _run_memory(fn, case: MemoryCase, i: int, spy) -> object:
     return plain_number(got)
 
 
-def _grade_memory(g: Graded) -> str | None:
-    for i, case in enumerate(g.cases[:len(g.results[0])]):
-        message = number_message(g.results[0][i], planner.memory_per_gpu(case.plan, case.model),
-                                 f"memory_per_gpu(plan, model) for {case.describe(1)}",
-                                 _memory_mistakes(case), unit="bytes")
-        if message:
-            return message
-    return None
+_grade_memory = prediction_grader(lambda case: f"memory_per_gpu(plan, model) for {case.describe(1)}",
+                                  lambda case: planner.memory_per_gpu(case.plan, case.model),
+                                  _memory_mistakes, unit="bytes")
 
 
 def _called_reference(records, case, n) -> str | None:
-    for event in records[0]["events"]:
-        if event["event"] == "reference" and event["called"]:
+    for event in events(records[0], "reference"):
+        if event["called"]:
             names = ", ".join(f"planner.{c}" for c in event["called"])
             return f"it calls {names}, the reference this exercise asks you to write."
     return None
@@ -372,8 +369,8 @@ def _why_problem(plan) -> str | None:
 
 
 def _explains_each_axis(records, case, n) -> str | None:
-    for event in records[0]["events"]:
-        if event["event"] == "why" and event["problem"]:
+    for event in events(records[0], "why"):
+        if event["problem"]:
             return event["problem"] + "."
     return None
 

@@ -23,6 +23,8 @@ import torch
 
 from ...parallel.mesh import Mesh
 from ..harness import Exercise, Graded, Rule
+from ..plain import plain
+from ..records import events
 
 #: Collectives whose group the notes record.
 NOTED = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -86,10 +88,6 @@ def watching(spy):
                 setattr(obj, name, fn)
 
 
-def notes(record: dict, event: str) -> list[dict]:
-    return [e for e in record["events"] if e["event"] == event]
-
-
 # ---------------------------------------------------------------- cases
 @dataclass(frozen=True)
 class AxisCase:
@@ -119,11 +117,10 @@ def _run_axis(fn, case: AxisCase, i, spy):
 
     from ...launch.runtime import device
 
-    t = _input(case, dist.get_rank()).to(device())
+    t = _input(case, dist.get_rank()).to(device())  # case.shape: every rank's whole tensor, no shard
     with watching(spy):
         out = fn(t, case.axis, case.dp, case.tp)
-    back = out.detach().cpu().clone() if isinstance(out, torch.Tensor) else None
-    return {"t": t.detach().cpu().clone(), "returned": back}
+    return {"t": plain(t), "returned": plain(out, keep=(), containers=(), other="none")}
 
 
 def _ranks_in(value: torch.Tensor) -> list[int] | None:
@@ -136,7 +133,7 @@ def _ranks_in(value: torch.Tensor) -> list[int] | None:
 
 def _grade_axis(g: Graded) -> str | None:
     for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
-        created = [[tuple(e["ranks"] or ()) for e in notes(rec[i], "new_group")] for rec in g.records]
+        created = [[tuple(e["ranks"] or ()) for e in events(rec[i], "new_group")] for rec in g.records]
         for r, res in enumerate(g.at(i)):
             mine = case.group(r)
             want = sum(_input(case, k) for k in mine)
@@ -150,7 +147,7 @@ def _grade_axis(g: Graded) -> str | None:
                 return (f"{where}, the ranks created different groups: rank 0 called new_group for "
                         f"{[list(c) for c in created[0]]}, rank {r} for {[list(c) for c in created[r]]}. "
                         + CREATE_ALL)
-            meshes = [e for e in notes(g.records[r][i], "get_group")]
+            meshes = [e for e in events(g.records[r][i], "get_group")]
             if meshes and not _mesh_of(meshes[-1], case):
                 return (f"{where}, the DeviceMesh has shape {meshes[-1]['shape']} with names "
                         f"{meshes[-1]['names']}; " + MESH_SHAPE)
@@ -180,7 +177,7 @@ CREATE_ALL = ("dist.new_group is collective over the whole world: every rank mus
 
 # ---------------------------------------------------------------- rules
 def same_groups_created(records, case, n):
-    created = [[tuple(e["ranks"] or ()) for e in notes(rec, "new_group")] for rec in records]
+    created = [[tuple(e["ranks"] or ()) for e in events(rec, "new_group")] for rec in records]
     for r, c in enumerate(created):
         if c != created[0]:
             return (f"rank 0 created the groups {[list(x) for x in created[0]]} and rank {r} "
@@ -195,7 +192,7 @@ def same_groups_created(records, case, n):
 
 def one_all_reduce_on_the_axis(records, case, n):
     for r, rec in enumerate(records):
-        calls = notes(rec, "collective")
+        calls = events(rec, "collective")
         reduces = [c for c in calls if c["op"] == "all_reduce"]
         others = sorted({c["op"] for c in calls if c["op"] != "all_reduce"})
         if others:
@@ -211,9 +208,9 @@ def one_all_reduce_on_the_axis(records, case, n):
 
 def used_device_mesh(records, case, n):
     for r, rec in enumerate(records):
-        if notes(rec, "new_group"):
+        if events(rec, "new_group"):
             return f"rank {r} called dist.new_group: here the DeviceMesh creates every group."
-        got = notes(rec, "get_group")
+        got = events(rec, "get_group")
         if not got:
             return f"rank {r} never called mesh.get_group(axis): take the axis's group from the DeviceMesh."
         if not _mesh_of(got[-1], case):

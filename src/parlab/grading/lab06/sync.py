@@ -22,7 +22,8 @@ import torch
 
 from ... import check
 from ..harness import Exercise, Graded, Rule
-from .subgroups import notes, watching
+from ..records import events
+from .subgroups import watching
 
 CFG = dict(n_layer=1, d_model=16, n_head=2, seq_len=8)
 LR = 0.1
@@ -93,7 +94,7 @@ def _run(fn, case: SyncCase, i, spy) -> dict:
     flats = [_flat(model.parameters())]
     for s in range(case.steps):
         x, y = get_batch(s, case.rows * case.dp, CFG["seq_len"], SEED)
-        rows = slice(d * case.rows, (d + 1) * case.rows)
+        rows = slice(d * case.rows, (d + 1) * case.rows)  # x[rows], y[rows]: (rows, seq_len), replica d's share
         model.zero_grad(set_to_none=True)
         lm_loss(model, x[rows].to(device()), y[rows].to(device())).backward()
         with watching(spy):
@@ -146,7 +147,7 @@ def _why(flats: list, case: SyncCase, d: int, t: int, n: int) -> str:
 def only_dp_group(records, case, n):
     for r, rec in enumerate(records):
         want = [k * case.tp + r % case.tp for k in range(case.dp)]
-        for c in notes(rec, "collective"):
+        for c in events(rec, "collective"):
             if c["ranks"] != want:
                 world = " (the whole world)" if c["ranks"] == list(range(n)) else ""
                 return (f"rank {r} called dist.{c['op']} over ranks {c['ranks']}{world}; its DP group is "

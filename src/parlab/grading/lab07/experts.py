@@ -33,6 +33,8 @@ from ... import check
 from ...models.moe import tiny_moe
 from ...parallel.mesh import Grid
 from ..harness import Graded, Rule
+from ..plain import plain
+from ..records import calls, events, ops
 from . import recorder
 
 
@@ -143,7 +145,7 @@ def run(cls, case: MoECase, i: int, spy) -> dict:
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    x, dy = case.tokens_of(rank)
+    x, dy = case.tokens_of(rank)  # (T_r, d): this rank's own tokens, T_r = tokens (+ rank if uneven)
     leaf = x.clone().requires_grad_()
     given = leaf * 1
     spy.guard(x=given)
@@ -163,10 +165,10 @@ def run(cls, case: MoECase, i: int, spy) -> dict:
         spy.note("backward")
         if out.requires_grad and out.shape == given.shape:
             out.backward(dy)
-    grads = {k: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p.detach()))
+    # out, dx: (T_r, d); grads: of the parameters this rank's layer holds (its share of the experts)
+    grads = {k: plain(p.grad if p.grad is not None else torch.zeros_like(p))
              for k, p in layer.named_parameters()}
-    return {"out": out.detach().clone(), "dx": None if leaf.grad is None else leaf.grad.clone(),
-            "grads": grads}
+    return {"out": plain(out), "dx": plain(leaf.grad), "grads": grads}
 
 
 def settle(result: dict, case: MoECase, i: int, n: int) -> bool:
@@ -205,7 +207,7 @@ def _out_hint(g: Graded, case: MoECase, i: int, got: list, ref: dict) -> str:
                 "order. Undo the dispatch's sort: the all-to-all returns results in the order you sent "
                 "the assignments, so add each one back at the token (and slot) it came from.")
     records = [per_rank[i] for per_rank in g.records]
-    equal = [e for rec in records for e in recorder.events(rec, "a2a") if e["dtype"].startswith("float")
+    equal = [e for rec in records for e in events(rec, "a2a", backward=False) if e["dtype"].startswith("float")
              and not e["splits"]]
     if equal:
         return ("the payload's all-to-all was called without split sizes, as if every rank sent every "
@@ -310,7 +312,7 @@ A2A = ("all_to_all_single", "all_to_all")
 
 def _all_to_all_only(records, case, n):
     for r, rec in enumerate(records):
-        other = [c["op"] for c in rec["calls"] if c["op"] not in A2A]
+        other = [op for op in ops(rec) if op not in A2A]
         if other:
             return (f"rank {r} called dist.{other[0]}: the tokens travel by all-to-all, each rank sending "
                     "each other rank only the tokens for its experts (a broadcast or all-gather sends "
@@ -320,7 +322,7 @@ def _all_to_all_only(records, case, n):
 
 def _counts_first(records, case, n):
     for r, rec in enumerate(records):
-        forward = [c for c in rec["calls"] if not c["in_backward"]]
+        forward = calls(rec, backward=False)
         if forward and not forward[0]["dtype"].startswith(("int", "long")):
             return (f"rank {r}'s first all-to-all in forward carried {forward[0]['dtype']} data: exchange "
                     "the per-rank counts first (an integer tensor), so every rank can size its receive "

@@ -13,7 +13,8 @@ record (``spy.note``), so they travel back with it:
 
 Each event carries ``calls`` (how many dist calls the spy had seen before
 it) and ``in_backward``; the events' order is the order things happened
-(one ``batch_isend_irecv`` notes its ops in the order they are listed).
+(one ``batch_isend_irecv`` notes its ops in the order they are listed);
+``parlab.grading.records.events(record, kind, backward=False)`` reads them.
 Storages are compared by data pointer: a view (``k.transpose(-1, -2)``)
 shares its tensor's storage.  Every tensor noted is kept alive until
 ``watching`` ends, so no pointer is reused for another tensor within a case.
@@ -92,9 +93,3 @@ def watching(spy):
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
         alive.clear()
-
-
-def events(record: dict, kind: str, backward: bool | None = False) -> list[dict]:
-    """The record's events of ``kind`` (in forward only by default; None: both passes)."""
-    return [e for e in record["events"] if e["event"] == kind
-            and (backward is None or e.get("in_backward") == backward)]

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 
 from ... import check
 from ..harness import Graded, Rule
+from ..plain import plain
+from ..records import calls, events
 from . import recorder
 
 
@@ -76,9 +78,9 @@ def run(fn, case: RingCase, i: int, spy) -> dict:
     import torch.distributed as dist
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    pos = layout_positions(case.s, n, case.layout)
-    t = case.tensors()
-    leaves = {k: t[k][:, :, pos[rank]].clone().requires_grad_() for k in "qkv"}
+    pos = layout_positions(case.s, n, case.layout)  # (n, s/n): each rank's global positions
+    t = case.tensors()  # q, k, v, dout: (b, h, s, d), the whole sequence
+    leaves = {k: t[k][:, :, pos[rank]].clone().requires_grad_() for k in "qkv"}  # (b, h, s/n, d)
     q, k, v = (leaves[k] * 1 for k in "qkv")  # non-leaf inputs, as inside a model
     given = pos.clone()
     spy.guard(q=q, k=k, v=v, positions=given)
@@ -89,8 +91,8 @@ def run(fn, case: RingCase, i: int, spy) -> dict:
         spy.note("backward")
         if out.requires_grad and out.shape == q.shape:
             out.backward(t["dout"][:, :, pos[rank]])
-    cpu = (lambda x: None if x is None else x.detach().clone())
-    return {"out": cpu(out), **{f"d{k}": cpu(leaves[k].grad) for k in "qkv"}}
+    # out, dq, dk, dv: (b, h, s/n, d), this rank's positions only
+    return {"out": plain(out), **{f"d{k}": plain(leaves[k].grad) for k in "qkv"}}
 
 
 def settle(result: dict, case: RingCase, i: int, n: int) -> bool:
@@ -175,7 +177,7 @@ P2P = ("isend", "irecv", "send", "recv")
 def _ring_only(records, case, n):
     chunk = case.b * case.h * (case.s // n) * case.d
     for r, rec in enumerate(records):
-        for c in rec["calls"]:
+        for c in calls(rec):
             if c["op"] not in P2P:
                 return (f"rank {r} called dist.{c['op']}: K and V must travel around the ring by "
                         "point-to-point messages only (an all-gather holds the whole K/V on every rank, "
@@ -183,8 +185,8 @@ def _ring_only(records, case, n):
             if c["numel"] > 4 * chunk:
                 return (f"rank {r} sent or received {c['numel']} elements in one message; one rank's K, V "
                         f"(and in backward dK, dV) chunks are at most {4 * chunk}.")
-        wrong = _direction(r, n, [c for c in rec["calls"] if not c["in_backward"]], forward=True)
-        wrong = wrong or _direction(r, n, [c for c in rec["calls"] if c["in_backward"]], forward=False)
+        wrong = _direction(r, n, calls(rec, backward=False), forward=True)
+        wrong = wrong or _direction(r, n, calls(rec, backward=True), forward=False)
         if wrong:
             return wrong
     return None
@@ -214,7 +216,7 @@ def _overlap(records, case, n):
     if n == 1:
         return None
     for r, rec in enumerate(records):
-        forward = [e for e in rec["events"] if not e.get("in_backward")]  # in the order they happened
+        forward = events(rec, backward=False)  # compute, sent, received: in the order they happened
         first = next((i for i, e in enumerate(forward) if e["event"] == "compute"), None)
         if first is None:
             continue

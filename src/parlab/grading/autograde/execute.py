@@ -12,10 +12,10 @@ recorded (``PARLAB_AUTOGRADE`` is set).  After each graded test cell this
 preprocessor reads the ``labNN.check_x(answer, hidden=...)`` calls from
 the restored source and has the kernel pickle each ``answer`` by value into
 a file, right then.  Once the notebook has run, one
-``python -m parlab.grading.sandbox`` process grades every test cell's
+``python -m parlab.grading.autograde.sandbox`` process grades every test cell's
 answers: a fresh process that imports the checks itself, unpickles the
 answers only on the ranks (answers that need the same world size share a
-launch, see ``parlab.grading.shared_launches``), and takes back only plain
+launch, see ``parlab.grading.autograde.shared_launches``), and takes back only plain
 data.  Each test cell's outputs are replaced by what
 the sandbox printed for it, and an ``AssertionError`` when its answer failed.
 (One sandbox for the whole notebook, not one per cell, saves a process
@@ -65,9 +65,9 @@ from nbformat import NotebookNode
 from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer
 
-from ..launch.job import WRAPPER_ENV
-from .boundary import Box, Limits
-from .harness import AUTOGRADE_ENV
+from ...launch.job import WRAPPER_ENV
+from ..boundary import Box, Limits
+from ..harness import AUTOGRADE_ENV
 
 _LAB = re.compile(r"lab\d\d")
 
@@ -299,7 +299,7 @@ class GuardedExecute(Execute):
             env[WRAPPER_ENV] = self._box.agent_wrapper()  # the ranks start in the box; this process does not
             env["TMPDIR"] = os.path.join(self._workdir, "launches")  # launch folders of this sandbox only
             os.makedirs(env["TMPDIR"], mode=0o700)
-        proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.sandbox", request],
+        proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.autograde.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:

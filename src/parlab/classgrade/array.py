@@ -7,7 +7,7 @@ Before anything is queued, Slurm is probed and the request checked
 (as the local scheduler does, on the course's own filesystem, which the
 compute nodes must share), writes the plan (which submissions each task
 grades: ``--chunk`` of them, default 1) and queues one ``sbatch --array``
-job whose task ``i`` runs ``python -m parlab.grading.classgrade.task PLAN``
+job whose task ``i`` runs ``python -m parlab.classgrade.task PLAN``
 (``task``): the same worker, sandbox and per-submission gradebook as a
 local run.
 

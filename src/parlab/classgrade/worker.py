@@ -1,4 +1,4 @@
-"""Grade one submission in a copy of the course: ``python -m parlab.grading.classgrade.worker COPY LAB STUDENT``.
+"""Grade one submission in a copy of the course: ``python -m parlab.classgrade.worker COPY LAB STUDENT``.
 
 ``prepare`` builds the copy under ``.parlab-grade/<lab>/<student>/``: the
 course's ``nbgrader_config.py``, the lab's source folder, the student's
@@ -98,7 +98,7 @@ def restore_cell_roles(source: Path, submission: Path) -> None:
 
 
 def command(root: Path, lab: str, student: str) -> list[str]:
-    return [sys.executable, "-m", "parlab.grading.classgrade.worker", str(root), lab, student]
+    return [sys.executable, "-m", "parlab.classgrade.worker", str(root), lab, student]
 
 
 def result(root: Path) -> dict | None:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from .. import boundary
+from ..grading import boundary
 from . import worker
 
 JOB_VAR = "PARLAB_GRADE_JOB"

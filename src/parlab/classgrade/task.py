@@ -1,4 +1,4 @@
-"""One task of the Slurm array: ``python -m parlab.grading.classgrade.task PLAN``.
+"""One task of the Slurm array: ``python -m parlab.classgrade.task PLAN``.
 
 Slurm starts it on a compute node with ``SLURM_ARRAY_TASK_ID`` set; it
 grades the submissions of its chunk (``PLAN``'s ``tasks[ID]``) one after the

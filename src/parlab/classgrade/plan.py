@@ -18,7 +18,7 @@ from .report import Progress
 
 def require_boundary(root: Path) -> None:
     """Refuse to grade (CourseError saying how to install it) when the boundary is on and bwrap is missing."""
-    from ..boundary import BoundaryError, bwrap_path
+    from ..grading.boundary import BoundaryError, bwrap_path
 
     if inputs.load_config(root).GuardedExecute.get("boundary", True):
         try:

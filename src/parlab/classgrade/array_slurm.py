@@ -126,7 +126,7 @@ def sbatch_command(req: ArrayRequest, name: str, tasks: int, logs: Path, cwd: Pa
             cmd.append(f"--{option}={getattr(req, option)}")
     if req.time_limit:
         cmd.append(f"--time={req.time_limit // 60}:{req.time_limit % 60:02d}")  # minutes:seconds
-    task = [sys.executable, "-m", "parlab.grading.classgrade.task", str(plan)]
+    task = [sys.executable, "-m", "parlab.classgrade.task", str(plan)]
     return cmd + ["--wrap", "exec " + shlex.join(task)]
 
 

@@ -1,6 +1,6 @@
-"""Grade handed-in answers in a fresh process: ``python -m parlab.grading.sandbox REQUEST.json``.
+"""Grade handed-in answers in a fresh process: ``python -m parlab.grading.autograde.sandbox REQUEST.json``.
 
-Started by ``parlab.grading.autograde`` once per notebook, after it ran.
+Started by ``parlab.grading.autograde.execute`` once per notebook, after it ran.
 The request lists the test cells, each with its check calls in order; each
 call names the lab, the check, whether it is the hidden one, the answer's
 name and the file holding the answer pickled by value.  Within a cell,
@@ -10,7 +10,7 @@ unpickles an answer (only the ranks do), and gets back only plain data from
 the ranks (``launch(..., plain_results=True)``).
 
 The calls share launches first, one per world size
-(``parlab.grading.shared_launches``); a call that sharing cannot decide is
+(``parlab.grading.autograde.shared_launches``); a call that sharing cannot decide is
 then graded in launches of its own.
 After each cell it rewrites the request's verdict path with a list of
 ``{"key": cell key, "verdicts": [{"passed": bool, "message": str}, ...],
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from .harness import Payload, grade_batch, summary
+from ..harness import Payload, grade_batch, summary
 from .shared_launches import grade_shared
 
 

@@ -36,7 +36,7 @@ import re
 import time
 from collections.abc import Hashable
 
-from .harness import BACKEND_KEY, Exercise, judge, launch_failure, launch_tasks, run_task, task_slot
+from ..harness import BACKEND_KEY, Exercise, judge, launch_failure, launch_tasks, run_task, task_slot
 
 #: Added to an exception raised by the task at this index (only in a shared launch).
 TASK_NOTE = "parlab shared task "
@@ -63,8 +63,8 @@ def _on_ranks_shared(tasks: list) -> dict:
     import torch
     import torch.distributed as dist
 
-    from .. import check
-    from ..launch.worker import seed_everything
+    from ... import check
+    from ...launch.worker import seed_everything
 
     n, rank = dist.get_world_size(), dist.get_rank()
     backend = str(dist.get_backend())

@@ -27,7 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ...cores import usable_cores
+from ..cores import usable_cores
 from . import inputs, plan, processes, worker
 from .report import Progress
 
