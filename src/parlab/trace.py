@@ -347,9 +347,6 @@ def storage_bytes(tensors) -> int:
     return sum(seen.values())
 
 
-#: The name lab 05's notebooks (labs/ and solutions/) call; ``storage_bytes`` is the one to use.
-_storage_bytes = storage_bytes
-
 
 def state_bytes(model, optimizer=None) -> dict[str, int]:
     """Bytes this rank holds in parameters, gradients and optimizer state.

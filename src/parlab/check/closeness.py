@@ -56,7 +56,7 @@ def tolerances(dtype: torch.dtype, backend: str = "gloo") -> tuple[float, float]
 
 #: The backend whose tolerances apply to the comparison in progress.  Set by
 #: the ``backend=`` keyword of every public ``assert_*`` (and by
-#: ``judged_on``), read by ``_default_tols``: answers computed on NCCL are
+#: ``judged_on``), read by ``default_tols``: answers computed on NCCL are
 #: judged with NCCL's room for reduction noise, answers on gloo with gloo's.
 _BACKEND: contextvars.ContextVar[str] = contextvars.ContextVar("parlab_check_backend", default="gloo")
 
@@ -75,7 +75,7 @@ def judged_on(backend: str | None):
         _BACKEND.reset(token)
 
 
-def _backend_aware(fn):
+def backend_aware(fn):
     """Give a public assertion a ``backend=`` keyword that selects its default tolerances."""
     @functools.wraps(fn)
     def wrapper(*args, backend: str | None = None, **kwargs):
@@ -84,7 +84,7 @@ def _backend_aware(fn):
     return wrapper
 
 
-def _default_tols(a: torch.dtype, b: torch.dtype, rtol, atol) -> tuple[float, float]:
+def default_tols(a: torch.dtype, b: torch.dtype, rtol, atol) -> tuple[float, float]:
     """Fill in missing tolerances from the less precise of the two dtypes, for the current backend."""
     backend = _BACKEND.get()
     ra, aa = tolerances(a, backend)
@@ -95,8 +95,8 @@ def _default_tols(a: torch.dtype, b: torch.dtype, rtol, atol) -> tuple[float, fl
 def close_mask(got: Tensor, expected: Tensor, rtol: float | None = None,
                atol: float | None = None) -> Tensor:
     """Boolean tensor: True where ``got`` is within tolerance of ``expected`` (same shape)."""
-    rtol, atol = _default_tols(got.dtype, expected.dtype, rtol, atol)
-    return ~_bad_mask(got, expected, rtol, atol)
+    rtol, atol = default_tols(got.dtype, expected.dtype, rtol, atol)
+    return ~bad_mask(got, expected, rtol, atol)
 
 
 def same_values(got: Any, expected: Any) -> bool:
@@ -111,16 +111,16 @@ def same_values(got: Any, expected: Any) -> bool:
             and bool(close_mask(got, expected).all()))
 
 
-def _wide(t: Tensor) -> Tensor:
+def wide(t: Tensor) -> Tensor:
     return t.to(torch.complex128 if t.dtype.is_complex else torch.float64)
 
 
-def _bad_mask(got: Tensor, exp: Tensor, rtol: float, atol: float) -> Tensor:
+def bad_mask(got: Tensor, exp: Tensor, rtol: float, atol: float) -> Tensor:
     """True where ``got`` is not close to ``exp`` (NaN matches only NaN)."""
     if not (got.dtype.is_floating_point or got.dtype.is_complex
             or exp.dtype.is_floating_point or exp.dtype.is_complex):
         return got != exp  # integers and bool: exact, no float round-trip
-    g, e = _wide(got), _wide(exp)
+    g, e = wide(got), wide(exp)
     close = (g - e).abs() <= atol + rtol * e.abs()
     close |= g == e  # equal infinities
     close |= g.isnan() & e.isnan()

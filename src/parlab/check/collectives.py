@@ -8,12 +8,12 @@ from typing import Any
 
 from torch import Tensor
 
-from .closeness import _backend_aware, _bad_mask, _default_tols, _wide
-from .phrases import _num, _runs, ranks_phrase
-from .tensors import _ratio_hint, _structure_problem, _to_tensor
+from .closeness import backend_aware, bad_mask, default_tols, wide
+from .phrases import short_number, index_runs, ranks_phrase
+from .tensors import ratio_hint, structure_problem, to_tensor
 
 
-@_backend_aware
+@backend_aware
 def assert_collective_result(per_rank_results: Sequence[Any], expected_per_rank: Sequence[Any] | Tensor,
                              op_name: str = "the collective",
                              rtol: float | None = None, atol: float | None = None) -> None:
@@ -53,24 +53,24 @@ def assert_collective_result(per_rank_results: Sequence[Any], expected_per_rank:
 
 def _collective_message(got, exp, r, label, op_name, rtol, atol, n) -> tuple[str, str] | None:
     """(what differs on rank r, a hint about why) or None if the result is right."""
-    g = _to_tensor(got, label, r)
-    e = _to_tensor(exp, f"expected {label}", None)
-    problem = _structure_problem(g, e, label, r, f"the expected {op_name} result")
+    g = to_tensor(got, label, r)
+    e = to_tensor(exp, f"expected {label}", None)
+    problem = structure_problem(g, e, label, r, f"the expected {op_name} result")
     if problem:
         return problem, ""
-    rt, at = _default_tols(g.dtype, e.dtype, rtol, atol)
-    bad = _bad_mask(g, e, rt, at)
+    rt, at = default_tols(g.dtype, e.dtype, rtol, atol)
+    bad = bad_mask(g, e, rt, at)
     if not bool(bad.any()):
         return None
     flat = bad.reshape(-1).nonzero().reshape(-1).tolist()  # flat: the differing elements' row-major indices
     where = "elements" if g.dim() <= 1 else f"flat elements (shape {tuple(g.shape)})"
     i = flat[0]
-    msg = (f"rank {r}'s {label} differs from {op_name} at {where} {_runs(flat)} "
+    msg = (f"rank {r}'s {label} differs from {op_name} at {where} {index_runs(flat)} "
            f"({len(flat)} of {bad.numel()}); at element {i}: got "
-           f"{_num(g.reshape(-1)[i].item())}, expected {_num(e.reshape(-1)[i].item())}.")  # flat (numel,) views
+           f"{short_number(g.reshape(-1)[i].item())}, expected {short_number(e.reshape(-1)[i].item())}.")  # flat (numel,) views
     if g.dtype.is_floating_point and bool(g.isnan().any()):
         return msg + " The result contains NaN.", ""
     if g.dtype.is_floating_point or e.dtype.is_floating_point:
-        hint = _ratio_hint(_wide(g), _wide(e), "result", n).strip()
+        hint = ratio_hint(wide(g), wide(e), "result", n).strip()
         return msg, "\n" + hint if hint else ""
     return msg, ""

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .closeness import _backend_aware, same_values
-from .phrases import _names_phrase, _who
-from .tensors import _mismatch
+from .closeness import backend_aware, same_values
+from .phrases import names_phrase, rank_phrase
+from .tensors import tensor_mismatch
 
 
 def named_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -44,27 +44,27 @@ def grad_scale(got: Mapping[str, Any], expected: Mapping[str, Any]) -> float | N
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
-def _named(obj: Any, what: str, rank: int | None) -> dict[str, Any]:
+def as_named(obj: Any, what: str, rank: int | None) -> dict[str, Any]:
     if isinstance(obj, nn.Module):
         if what == "gradient":
             return {n: p.grad for n, p in obj.named_parameters()}
         return dict(obj.named_parameters())
     if isinstance(obj, Mapping):
         return dict(obj)
-    raise AssertionError(f"{_who(rank)}expected a dict of name -> tensor or an nn.Module "
+    raise AssertionError(f"{rank_phrase(rank)}expected a dict of name -> tensor or an nn.Module "
                          f"for the {what}s, got a {type(obj).__name__}")
 
 
-def _names_problem(got: dict, exp: dict, rank, what: str) -> str | None:
+def names_problem(got: dict, exp: dict, rank, what: str) -> str | None:
     missing = [k for k in exp if k not in got]
     extra = [k for k in got if k not in exp]
     if not missing and not extra:
         return None
-    parts = [f"{_who(rank)}the {what} names do not match the reference."]
+    parts = [f"{rank_phrase(rank)}the {what} names do not match the reference."]
     if missing:
-        parts.append(f"Missing: {_names_phrase(missing)}.")
+        parts.append(f"Missing: {names_phrase(missing)}.")
     if extra:
-        parts.append(f"Unexpected: {_names_phrase(extra)}.")
+        parts.append(f"Unexpected: {names_phrase(extra)}.")
     for p in _WRAPPER_PREFIXES:
         if extra and all(k.startswith(p) for k in extra) and \
                 {k[len(p):] for k in got} >= set(missing):
@@ -76,8 +76,8 @@ def _names_problem(got: dict, exp: dict, rank, what: str) -> str | None:
 
 def _match_named(got: Any, expected: Any, rank, what: str, rtol, atol,
                  world_size: int | None = None) -> None:
-    g, e = _named(got, what, rank), _named(expected, what, None)
-    problem = _names_problem(g, e, rank, what)
+    g, e = as_named(got, what, rank), as_named(expected, what, None)
+    problem = names_problem(g, e, rank, what)
     if problem:
         raise AssertionError(problem)
     failures: list[tuple[str, str]] = []
@@ -86,17 +86,17 @@ def _match_named(got: Any, expected: Any, rank, what: str, rtol, atol,
             failures.append((name, f"'{name}' has no gradient (None): was it used in the "
                                    "forward pass, and did backward() run?"))
             continue
-        msg = _mismatch(g[name], ref, name, None, rtol, atol, what=what, world_size=world_size)
+        msg = tensor_mismatch(g[name], ref, name, None, rtol, atol, what=what, world_size=world_size)
         if msg:
             failures.append((name, msg))
     if failures:
         names = [n for n, _ in failures]
         raise AssertionError(
-            f"{_who(rank)}{len(failures)} of {len(e)} {what}s do not match the reference "
-            f"({_names_phrase(names)}). First: {failures[0][1]}")
+            f"{rank_phrase(rank)}{len(failures)} of {len(e)} {what}s do not match the reference "
+            f"({names_phrase(names)}). First: {failures[0][1]}")
 
 
-@_backend_aware
+@backend_aware
 def assert_params_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping[str, Tensor] | nn.Module,
                         rank: int | None = None, what: str = "parameter",
                         rtol: float | None = None, atol: float | None = None) -> None:
@@ -108,7 +108,7 @@ def assert_params_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping
     _match_named(got, expected, rank, what, rtol, atol)
 
 
-@_backend_aware
+@backend_aware
 def assert_grads_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping[str, Tensor] | nn.Module,
                        rank: int | None = None, world_size: int | None = None,
                        rtol: float | None = None, atol: float | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 
-def _who(rank: int | None) -> str:
+def rank_phrase(rank: int | None) -> str:
     return "" if rank is None else f"rank {rank}: "
 
 
@@ -21,12 +21,12 @@ def ranks_phrase(ranks: Sequence[int]) -> str:
     return f"ranks {', '.join(r[:-1])} and {r[-1]}"
 
 
-def _names_phrase(names: Sequence[str], limit: int = 6) -> str:
+def names_phrase(names: Sequence[str], limit: int = 6) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def _runs(flat: Sequence[int], limit: int = 6) -> str:
+def index_runs(flat: Sequence[int], limit: int = 6) -> str:
     """Compress sorted indices into ranges: [5, 6, 7, 12] -> '5..7, 12'."""
     runs: list[list[int]] = []
     for i in flat:
@@ -38,11 +38,11 @@ def _runs(flat: Sequence[int], limit: int = 6) -> str:
     return text + (f", ... ({len(runs)} ranges in all)" if len(runs) > limit else "")
 
 
-def _num(x: Any) -> str:
+def short_number(x: Any) -> str:
     return f"{x:.6g}" if isinstance(x, float) else str(x)
 
 
-def _kind(dtype: torch.dtype) -> str:
+def dtype_kind(dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "bool"
     if dtype.is_complex:
@@ -50,7 +50,7 @@ def _kind(dtype: torch.dtype) -> str:
     return "float" if dtype.is_floating_point else "integer"
 
 
-def _shape_hint(got: torch.Size, exp: torch.Size) -> str:
+def shape_hint(got: torch.Size, exp: torch.Size) -> str:
     """Guess what went wrong when the shapes differ."""
     if len(got) == len(exp):
         diff = [d for d in range(len(exp)) if got[d] != exp[d]]

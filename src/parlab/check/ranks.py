@@ -8,17 +8,17 @@ from typing import Any
 
 from torch import nn
 
-from .closeness import _backend_aware
-from .named import _named, _names_problem
+from .closeness import backend_aware
+from .named import as_named, names_problem
 from .phrases import ranks_phrase
-from .tensors import _mismatch
+from .tensors import tensor_mismatch
 
 
 _SYNC_HINT = ("did every rank start from rank 0's parameters (broadcast), and did every "
               "rank apply the same averaged gradients?")
 
 
-@_backend_aware
+@backend_aware
 def assert_same_across_ranks(per_rank: Sequence[Any], name: str = "tensor",
                              rtol: float | None = None, atol: float | None = None, *,
                              exact: bool = False, hint: str = _SYNC_HINT) -> None:
@@ -39,11 +39,11 @@ def assert_same_across_ranks(per_rank: Sequence[Any], name: str = "tensor",
             raise AssertionError(f"rank {r}: '{name}' is None: did every rank return it?")
     first = per_rank[0]
     named = isinstance(first, (Mapping, nn.Module))
-    base = _named(first, "tensor", 0) if named else None
+    base = as_named(first, "tensor", 0) if named else None
     details: dict[int, str] = {}
     for r in range(1, len(per_rank)):
         msg = (_named_differ(per_rank[r], base, r, name, rtol, atol) if named
-               else _mismatch(per_rank[r], first, name, r, rtol, atol, ref="rank 0's value"))
+               else tensor_mismatch(per_rank[r], first, name, r, rtol, atol, ref="rank 0's value"))
         if msg:
             details[r] = msg
     if details:
@@ -55,12 +55,12 @@ def assert_same_across_ranks(per_rank: Sequence[Any], name: str = "tensor",
 
 def _named_differ(obj: Any, base: dict, r: int, name: str, rtol, atol) -> str | None:
     """First difference between rank r's named tensors and rank 0's, if any."""
-    other = _named(obj, "tensor", r)
-    problem = _names_problem(other, base, r, "tensor")
+    other = as_named(obj, "tensor", r)
+    problem = names_problem(other, base, r, "tensor")
     if problem:
         return problem.replace("the reference", "rank 0's")
     for key, ref in base.items():
-        msg = _mismatch(other[key], ref, f"{name}.{key}", r, rtol, atol, ref="rank 0's value")
+        msg = tensor_mismatch(other[key], ref, f"{name}.{key}", r, rtol, atol, ref="rank 0's value")
         if msg:
             return msg
     return None

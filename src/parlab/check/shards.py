@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .closeness import _backend_aware, _bad_mask, _default_tols
+from .closeness import backend_aware, bad_mask, default_tols
 from .phrases import ranks_phrase
-from .tensors import _mismatch, _to_tensor
+from .tensors import tensor_mismatch, to_tensor
 
 
 def _along(dim: int) -> str:
@@ -27,7 +27,7 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
     return [sum(sizes[:r]) for r in range(len(sizes))]
 
 
-@_backend_aware
+@backend_aware
 def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 0,
                              name: str = "tensor", *, padded: bool = False, balanced: bool = True,
                              world_size: int | None = None,
@@ -50,8 +50,8 @@ def assert_shards_reassemble(shards: Sequence[Tensor], full: Tensor, dim: int = 
                              "did every rank return its shard?")
     if n == 0:
         raise ValueError("shards is empty: pass one shard per rank, in rank order")
-    parts = [_to_tensor(s, f"{name} shard", r) for r, s in enumerate(shards)]
-    full = _to_tensor(full, f"reference {name}", None)
+    parts = [to_tensor(s, f"{name} shard", r) for r, s in enumerate(shards)]
+    full = to_tensor(full, f"reference {name}", None)
     if not -full.dim() <= dim < full.dim():
         raise ValueError(f"dim={dim} is out of range for a {full.dim()}-d tensor")
     dim %= full.dim()
@@ -96,9 +96,9 @@ def _locate(part: Tensor, full: Tensor, dim: int, rtol, atol) -> int | None:
     rows = part.shape[dim]
     if rows == 0 or rows > full.shape[dim]:
         return None
-    rt, at = _default_tols(part.dtype, full.dtype, rtol, atol)
+    rt, at = default_tols(part.dtype, full.dtype, rtol, atol)
     for o in range(full.shape[dim] - rows + 1):
-        if not bool(_bad_mask(part, full.narrow(dim, o, rows), rt, at).any()):  # part's shape: full at o.. along dim
+        if not bool(bad_mask(part, full.narrow(dim, o, rows), rt, at).any()):  # part's shape: full at o.. along dim
             return o
     return None
 
@@ -130,7 +130,7 @@ def _size_message(parts, full, dim, sizes, want, name, unit, rtol, atol) -> str:
 def _shard_message(part, full, r, dim, offset, rows, name, unit, rtol, atol) -> str | None:
     got = part.narrow(dim, 0, rows)  # the shard less its padding: full's shape with rows along dim
     ref = f"{unit} {offset}..{offset + rows - 1} of the full tensor"
-    msg = _mismatch(got, full.narrow(dim, offset, rows), f"{name} shard", r, rtol, atol, ref=ref)  # got's shape
+    msg = tensor_mismatch(got, full.narrow(dim, offset, rows), f"{name} shard", r, rtol, atol, ref=ref)  # got's shape
     found = _locate(got, full, dim, rtol, atol) if msg else None
     if found is None:  # wrong values, not just the right data at the wrong place
         return msg

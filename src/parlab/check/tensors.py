@@ -10,17 +10,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .closeness import _backend_aware, _bad_mask, _default_tols, _wide
-from .phrases import _kind, _num, _shape_hint, _who
+from .closeness import backend_aware, bad_mask, default_tols, wide
+from .phrases import dtype_kind, short_number, shape_hint, rank_phrase
 
 
-def _to_tensor(x: Any, name: str, rank: int | None) -> Tensor:
+def to_tensor(x: Any, name: str, rank: int | None) -> Tensor:
     """Turn what a student returned into a detached CPU tensor, or explain why not."""
     if x is None:
-        raise AssertionError(f"{_who(rank)}'{name}' is None: did you forget to return it?")
+        raise AssertionError(f"{rank_phrase(rank)}'{name}' is None: did you forget to return it?")
     if hasattr(x, "full_tensor") and hasattr(x, "placements"):
         raise AssertionError(
-            f"{_who(rank)}'{name}' is a DTensor: call .full_tensor() for the whole "
+            f"{rank_phrase(rank)}'{name}' is a DTensor: call .full_tensor() for the whole "
             "tensor (or .to_local() for this rank's shard) before returning it")
     if isinstance(x, Tensor):
         return x.detach().cpu()
@@ -28,21 +28,21 @@ def _to_tensor(x: Any, name: str, rank: int | None) -> Tensor:
         return torch.as_tensor(x)
     except Exception:
         raise AssertionError(
-            f"{_who(rank)}'{name}' is a {type(x).__name__}, not a tensor") from None
+            f"{rank_phrase(rank)}'{name}' is a {type(x).__name__}, not a tensor") from None
 
 
-def _structure_problem(got: Tensor, exp: Tensor, name: str, rank, ref: str,
+def structure_problem(got: Tensor, exp: Tensor, name: str, rank, ref: str,
                        exact_dtype: bool = False) -> str | None:
     """Shape or dtype differences, which make an element-wise comparison meaningless."""
     if got.shape != exp.shape:
-        return (f"{_who(rank)}'{name}' has shape {tuple(got.shape)} but {ref} has "
-                f"{tuple(exp.shape)}{_shape_hint(got.shape, exp.shape)}")
-    if _kind(got.dtype) != _kind(exp.dtype) or (exact_dtype and got.dtype != exp.dtype):
-        return f"{_who(rank)}'{name}' has dtype {got.dtype} but {ref} has {exp.dtype}"
+        return (f"{rank_phrase(rank)}'{name}' has shape {tuple(got.shape)} but {ref} has "
+                f"{tuple(exp.shape)}{shape_hint(got.shape, exp.shape)}")
+    if dtype_kind(got.dtype) != dtype_kind(exp.dtype) or (exact_dtype and got.dtype != exp.dtype):
+        return f"{rank_phrase(rank)}'{name}' has dtype {got.dtype} but {ref} has {exp.dtype}"
     return None
 
 
-def _ratio_hint(g: Tensor, e: Tensor, what: str, world_size: int | None) -> str:
+def ratio_hint(g: Tensor, e: Tensor, what: str, world_size: int | None) -> str:
     """If ``got`` is a constant multiple of ``expected``, name the constant."""
     if g.dtype.is_complex or not bool(e.abs().max() > 0) or not bool(g.isfinite().all()):
         return ""
@@ -78,7 +78,7 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
                    rtol: float, atol: float, what: str, world_size: int | None) -> str:
     n_bad, total = int(bad.sum()), bad.numel()
     if got.dtype.is_floating_point or got.dtype.is_complex or exp.dtype.is_floating_point:
-        g, e = _wide(got), _wide(exp)
+        g, e = wide(got), wide(exp)
         diff = (g - e).abs().nan_to_num(nan=math.inf)
     else:
         g, e = got, exp
@@ -87,36 +87,36 @@ def _value_message(got: Tensor, exp: Tensor, bad: Tensor, name: str, rank, ref: 
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape)) if bad.dim() else ()
     gv, ev, dv = got.reshape(-1)[flat].item(), exp.reshape(-1)[flat].item(), diff.reshape(-1)[flat].item()  # flat (numel,) views; got, exp, diff share a shape
     tol = "exactly" if rtol == 0 and atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
-    msg = (f"{_who(rank)}'{name}' does not match {ref}: {n_bad} of {total} elements differ "
+    msg = (f"{rank_phrase(rank)}'{name}' does not match {ref}: {n_bad} of {total} elements differ "
            f"({tol}). Largest absolute difference {dv:.3g} "
            f"{f'at index {idx}' if idx else '(a scalar)'}: "
-           f"got {_num(gv)}, expected {_num(ev)}.")
+           f"got {short_number(gv)}, expected {short_number(ev)}.")
     nan = got.isnan() & ~exp.isnan() if got.dtype.is_floating_point else None
     if nan is not None and bool(nan.any()):
         first = int(nan.reshape(-1).nonzero()[0])  # flat: the first NaN's row-major index
         nidx = tuple(int(i) for i in torch.unravel_index(torch.tensor(first), nan.shape)) if nan.dim() else ()
         return msg + (f" {int(nan.sum())} element(s) are NaN (first at index {nidx}): look for "
                       "a division by zero, log(0), or an uninitialised buffer (torch.empty).")
-    return msg + ("" if got.dtype == torch.bool else _ratio_hint(g, e, what, world_size))
+    return msg + ("" if got.dtype == torch.bool else ratio_hint(g, e, what, world_size))
 
 
-def _mismatch(got: Any, expected: Any, name: str, rank: int | None, rtol, atol, *,
+def tensor_mismatch(got: Any, expected: Any, name: str, rank: int | None, rtol, atol, *,
               ref: str = "the reference", what: str = "value",
               world_size: int | None = None, exact_dtype: bool = False) -> str | None:
     """Describe how ``got`` differs from ``expected``, or return None if it does not."""
-    g = _to_tensor(got, name, rank)
-    e = _to_tensor(expected, f"reference {name}", None)
-    problem = _structure_problem(g, e, name, rank, ref, exact_dtype)
+    g = to_tensor(got, name, rank)
+    e = to_tensor(expected, f"reference {name}", None)
+    problem = structure_problem(g, e, name, rank, ref, exact_dtype)
     if problem:
         return problem
-    rtol, atol = _default_tols(g.dtype, e.dtype, rtol, atol)
-    bad = _bad_mask(g, e, rtol, atol)
+    rtol, atol = default_tols(g.dtype, e.dtype, rtol, atol)
+    bad = bad_mask(g, e, rtol, atol)
     if not bool(bad.any()):
         return None
     return _value_message(g, e, bad, name, rank, ref, rtol, atol, what, world_size)
 
 
-@_backend_aware
+@backend_aware
 def assert_close(got: Any, expected: Any, name: str = "tensor", rank: int | None = None,
                  rtol: float | None = None, atol: float | None = None, *,
                  exact_dtype: bool = False) -> None:
@@ -128,6 +128,6 @@ def assert_close(got: Any, expected: Any, name: str = "tensor", rank: int | None
     any dtype difference.  NaN in ``got`` fails unless the reference has NaN
     at the same place.
     """
-    msg = _mismatch(got, expected, name, rank, rtol, atol, exact_dtype=exact_dtype)
+    msg = tensor_mismatch(got, expected, name, rank, rtol, atol, exact_dtype=exact_dtype)
     if msg:
         raise AssertionError(msg)

@@ -121,7 +121,7 @@ class JobDir:
                     data = f.read()
             except OSError:
                 continue
-            errors[r] = _checked_record(data, r)
+            errors[r] = checked_record(data, r)
         return errors
 
     def read_bytes(self, kind: str, rank: int) -> bytes:
@@ -163,7 +163,7 @@ class JobDir:
             return pickle.load(f)
 
 
-def _checked_record(data: bytes, rank: int) -> dict:
+def checked_record(data: bytes, rank: int) -> dict:
     """An error record as plain strings and numbers; a malformed one is described, not trusted."""
     try:
         record = json.loads(data.decode("utf-8"))

@@ -128,13 +128,13 @@ def parlab_line(line: str, ipython=None):
     if action == "start":
         opts = parse_line(shlex.join(rest), "%parlab start", _WARM_FLAGS, _PARLAB_USAGE)
         options = LaunchOptions(**opts)  # checked before the running group is replaced
-        if warm._current is not None and warm._current.job is not None:
-            warm._current.stop()  # one group per kernel for %%rank: starting again replaces it
+        if warm.running() is not None:
+            warm.running().stop()  # one group per kernel for %%rank: starting again replaces it
         group = warm.start_group(options)
         print(f"parlab: {group.nproc} warm ranks ({group.backend}) ready; %%rank cells run on them")
         return None
     if action in ("names", "reset", "restart", "stop") and not rest:
-        if action == "stop" and warm._current is None:
+        if action == "stop" and warm.running() is None:
             print("parlab: no warm group is running")
             return None
         group = warm.current()

@@ -15,6 +15,6 @@ def device():
     return _RANK_DEVICE if _RANK_DEVICE is not None else torch.device("cpu")
 
 
-def _set_device(dev) -> None:
+def bind_device(dev) -> None:
     global _RANK_DEVICE
     _RANK_DEVICE = dev

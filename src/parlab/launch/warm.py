@@ -77,6 +77,11 @@ def start_group(options: LaunchOptions) -> "WarmGroup":
     return group
 
 
+def running() -> "WarmGroup | None":
+    """The warm group ``%%rank`` cells run on, or None when none was started or the last one stopped."""
+    return _current if _current is not None and _current.job is not None else None
+
+
 def current() -> "WarmGroup":
     """The warm group that ``%%rank`` cells run on (the last one started here and not stopped)."""
     if _current is None or _current.job is None:

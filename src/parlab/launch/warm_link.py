@@ -21,7 +21,7 @@ import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 
 from .errors import LaunchError
-from .jobdir import _checked_record
+from .jobdir import checked_record
 from .report import explain
 
 POLL = 0.02
@@ -103,5 +103,5 @@ def read_reply(conn, request_id: int, rank: int):
     if status in ("result", "ok"):
         return "result", payload if status == "result" else None
     if status == "error":  # checked like the cold path's error.r files: plain JSON, never a pickle
-        return "error", _checked_record(json.dumps(head["record"]).encode(), rank)
+        return "error", checked_record(json.dumps(head["record"]).encode(), rank)
     return "interrupted", str(head.get("where", ""))

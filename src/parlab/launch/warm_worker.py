@@ -153,7 +153,7 @@ def _run(request: dict, rank: int, labels: dict):
     import linecache
 
     from parlab.launch import pickling
-    from parlab.launch.worker import _encode_result
+    from parlab.launch.worker import encode_result
 
     for name, source in request["sources"].items():
         linecache.cache[name] = (len(source), None, source.splitlines(True), name)
@@ -168,12 +168,12 @@ def _run(request: dict, rank: int, labels: dict):
         finally:
             _BUSY = False
         phase = "result"
-        return {"status": "result"}, _encode_result(result, False, rank)
+        return {"status": "result"}, encode_result(result, False, rank)
     except KeyboardInterrupt as exc:
         return {"status": "interrupted", "where": _where(exc, labels)}, None
     except SystemExit as exc:
         if exc.code in (None, 0):
-            return {"status": "result"}, _encode_result(None, False, rank)
+            return {"status": "result"}, encode_result(None, False, rank)
         return {"status": "error", "record": _record(exc, rank, labels, phase)}, None
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the notebook
         return {"status": "error", "record": _record(exc, rank, labels, phase)}, None
@@ -188,7 +188,7 @@ def _trim(exc: BaseException) -> BaseException:
 
 
 def _record(exc: BaseException, rank: int, labels: dict, kind: str) -> dict:
-    from parlab.launch.worker import _format_error
+    from parlab.launch.worker import format_error
 
     def safe(describe):
         try:
@@ -198,7 +198,7 @@ def _record(exc: BaseException, rank: int, labels: dict, kind: str) -> dict:
 
     exc = _trim(exc)
     return {"rank": rank, "kind": kind, "exc_type": type(exc).__name__,
-            "message": safe(lambda: str(exc)), "traceback": safe(lambda: _format_error(exc, labels)),
+            "message": safe(lambda: str(exc)), "traceback": safe(lambda: format_error(exc, labels)),
             "time": time.time()}
 
 

@@ -27,7 +27,7 @@ def _route_output(job: JobDir, rank: int) -> None:
     sys.stderr.reconfigure(line_buffering=True)
 
 
-def _format_error(exc: BaseException, labels: dict) -> str:
+def format_error(exc: BaseException, labels: dict) -> str:
     import traceback
 
     from parlab.launch import tasks
@@ -54,7 +54,7 @@ def _report_error(job: JobDir, rank: int, exc: BaseException, labels: dict, kind
         "kind": kind,
         "exc_type": type(exc).__name__,
         "message": safe(lambda: str(exc)),
-        "traceback": safe(lambda: _format_error(exc, labels)),
+        "traceback": safe(lambda: format_error(exc, labels)),
         "time": time.time(),
     })
     _wait_to_be_ended()
@@ -88,7 +88,7 @@ def _prepare_rank(spec: dict, rank: int):
     else:
         dev = torch.device("cpu")
         dist.init_process_group(init_method(backend), timeout=timeout, **store)
-    runtime._set_device(dev)
+    runtime.bind_device(dev)
     seed_everything(spec["seed"] + rank)
 
 
@@ -128,7 +128,7 @@ def seed_everything(seed: int) -> None:
         pass
 
 
-def _encode_result(result, plain: bool, rank: int) -> bytes:
+def encode_result(result, plain: bool, rank: int) -> bytes:
     from parlab.launch import results
 
     if plain:
@@ -184,7 +184,7 @@ def main() -> None:
 
     job.mark_ending(rank)
     try:
-        data = _encode_result(result, spec.get("plain_results", False), rank)
+        data = encode_result(result, spec.get("plain_results", False), rank)
     except Exception as exc:  # noqa: BLE001
         _report_error(job, rank, exc, labels, "result")
     job.write_result(rank, data)

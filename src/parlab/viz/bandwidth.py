@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
 from ..cost import busbw_factor
-from .style import _TAB10, _clean, _new_axes
+from .style import TAB10, clean_axes, new_axes
 
 
 def _binary_size(x: float, _pos=None) -> str:
@@ -50,10 +50,10 @@ def bandwidth_curves(sizes_bytes: Sequence[float], curves: Mapping[str, Sequence
             raise ValueError(f"curve {label!r} has {len(times)} times for {len(sizes)} sizes")
         if min(times) <= 0:
             raise ValueError(f"curve {label!r} has a non-positive time; times are seconds > 0")
-    fig, ax = _new_axes(ax, (7.5, 4.6))
+    fig, ax = new_axes(ax, (7.5, 4.6))
     for i, (label, times) in enumerate(curves.items()):
         gbps = [s / t * factor / 1e9 for s, t in zip(sizes, times)]
-        ax.plot(sizes, gbps, marker="o", ms=4, lw=1.8, label=label, color=_TAB10[i % 10])
+        ax.plot(sizes, gbps, marker="o", ms=4, lw=1.8, label=label, color=TAB10[i % 10])
     for j, (label, value) in enumerate((reference_lines or {}).items()):
         ax.axhline(value, color="#555555", ls=("--", ":", "-.")[j % 3], lw=1.2, label=label)
     ax.set_xscale("log", base=2)
@@ -72,5 +72,5 @@ def bandwidth_curves(sizes_bytes: Sequence[float], curves: Mapping[str, Sequence
     ax.set_title(title or f"{op}, n = {n} ranks ({how})", fontsize=12)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=9, frameon=False)
-    _clean(ax)
+    clean_axes(ax)
     return fig

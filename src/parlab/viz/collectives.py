@@ -8,7 +8,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from .style import _clean, _new_axes, _text_color, rank_color
+from .style import clean_axes, new_axes, text_color, rank_color
 
 
 _SUM_COLOR = "#2f3e4e"  # reduced (Σ) chunks
@@ -78,7 +78,7 @@ def _draw_grid(ax: Axes, grid, x0: float, n: int) -> None:
             ax.add_patch(Rectangle((x0 + j + 0.05, r + 0.1), 0.9, 0.8, facecolor=face,
                                    edgecolor="white", alpha=0.3 if faded else 1.0))
             ax.text(x0 + j + 0.5, r + 0.5, label, ha="center", va="center", fontsize=11,
-                    color="black" if faded else _text_color(face), fontweight="bold")
+                    color="black" if faded else text_color(face), fontweight="bold")
 
 
 def _barrier(ax: Axes, n: int) -> None:
@@ -101,7 +101,7 @@ def _barrier(ax: Axes, n: int) -> None:
                        Patch(facecolor="#eeeeee", edgecolor="#999999", hatch="///",
                              label="waiting in barrier()")],
               loc="upper left", fontsize=9, frameon=False, ncol=2)
-    _clean(ax)
+    clean_axes(ax)
 
 
 def collective_diagram(op: str, n: int = 4, *, ax: Axes | None = None) -> Figure:
@@ -118,7 +118,7 @@ def collective_diagram(op: str, n: int = 4, *, ax: Axes | None = None) -> Figure
     if not isinstance(n, int) or not 2 <= n <= len(_LETTERS):
         raise ValueError(f"n must be an int from 2 to {len(_LETTERS)} (one letter per rank), got {n!r}")
     width = max(6.5, 1.25 * n + 3.5)
-    fig, ax = _new_axes(ax, (width, 0.62 * n + 2.1))
+    fig, ax = new_axes(ax, (width, 0.62 * n + 2.1))
     sum_terms = " + ".join(f"{_LETTERS[r]}j" for r in range(n))
     caption = _CAPTIONS[key].format(sum=sum_terms, sum_r=sum_terms.replace("j", "r"))
     ax.set_title(f"{key}  (n = {n} ranks)", fontsize=13, fontweight="bold")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from .style import _clean, rank_color
+from .style import clean_axes, rank_color
 
 
 def causal_pairs(positions) -> list[int]:
@@ -65,7 +65,7 @@ def causal_work(layouts: dict, title: str | None = None) -> Figure:
         bars.set_ylim(0, 2.05)
         bars.set_ylabel("pairs ÷ mean", fontsize=9)
         bars.set_title(f"max ÷ mean = {max_over_mean(pairs):.2f}", fontsize=10)
-        _clean(bars)
+        clean_axes(bars)
     if title:
         fig.suptitle(title, fontsize=11)
     return fig

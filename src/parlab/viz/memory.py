@@ -11,18 +11,18 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .style import _clean, _legend, _new_axes
-from .timeline import _EXTRA_COLORS
+from .style import clean_axes, place_legend, new_axes
+from .timeline import EXTRA_COLORS
 
 
 _MEM_ORDER = ["params", "grads", "optimizer", "activations"]
 
 
-_MEM_COLORS = {"params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#59a14f",
+MEM_COLORS = {"params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#59a14f",
                "activations": "#b07aa1", "other": "#9aa5b1"}
 
 
-def _byte_unit(x: float) -> tuple[float, str]:
+def byte_unit(x: float) -> tuple[float, str]:
     """Decimal units, as GPU datasheets and the ZeRO paper count (140 GB = 140e9 bytes)."""
     for name, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
         if x >= size:
@@ -62,12 +62,12 @@ def memory_bars(measured: Mapping[Any, Mapping[str, float]],
     cats = [c for c in _MEM_ORDER if any(c in t[k] for t in tables for k in t)]
     cats += [c for t in tables for k in t for c in t[k] if c not in cats]
     cats = list(dict.fromkeys(cats))
-    extra = iter(_EXTRA_COLORS * 10)
-    colors = {c: _MEM_COLORS.get(c) or next(extra) for c in cats}
-    size, unit = _byte_unit(max(sum(t[k].values()) for t in tables for k in t))
+    extra = iter(EXTRA_COLORS * 10)
+    colors = {c: MEM_COLORS.get(c) or next(extra) for c in cats}
+    size, unit = byte_unit(max(sum(t[k].values()) for t in tables for k in t))
     labels = list(measured)
     owns = ax is None
-    fig, ax = _new_axes(ax, (max(6.0, 1.3 * len(labels) + 3), 4.6))
+    fig, ax = new_axes(ax, (max(6.0, 1.3 * len(labels) + 3), 4.6))
     width = 0.38 if predicted else 0.6
     for i, label in enumerate(labels):
         for table, dx, hatch in ((measured, -width / 2, None), (predicted, width / 2, "//")):
@@ -85,11 +85,11 @@ def memory_bars(measured: Mapping[Any, Mapping[str, float]],
     ax.margins(y=0.12)
     ax.set_title(title or ("memory per rank: measured vs predicted" if predicted else "memory per rank"),
                  fontsize=12)
-    _clean(ax)
+    clean_axes(ax)
     handles = [Patch(color=colors[c], label=c) for c in cats]
     if predicted:
         handles += [Patch(facecolor="#999999", label="measured"),
                     Patch(facecolor="#999999", alpha=0.6, hatch="//", edgecolor="white",
                           label="predicted")]
-    _legend(fig, ax, handles, owns, ncol=min(len(handles), 6))
+    place_legend(fig, ax, handles, owns, ncol=min(len(handles), 6))
     return fig

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
-from .style import _legend, _new_axes, _text_color
+from .style import place_legend, new_axes, text_color
 
 
 _NODE_EDGE = "#c0392b"
@@ -60,7 +60,7 @@ def mesh_picture(*, pp: int = 1, dp: int = 1, tp: int = 1, highlight: str | None
         raise ValueError(f"{world} ranks is too many to draw legibly (at most 256)")
     gap = 0.8
     owns = ax is None
-    fig, ax = _new_axes(ax, (max(6.0, pp * (tp + gap) * 0.95 + 1.5), max(3.4, dp * 0.95 + 3.0)))
+    fig, ax = new_axes(ax, (max(6.0, pp * (tp + gap) * 0.95 + 1.5), max(3.4, dp * 0.95 + 3.0)))
     groups = mesh.groups(highlight) if highlight else [[r for r in range(world) if mesh.coords(r).p == p]
                                                          for p in range(pp)]
     group_index = {r: i for i, g in enumerate(groups) for r in g}
@@ -80,9 +80,9 @@ def mesh_picture(*, pp: int = 1, dp: int = 1, tp: int = 1, highlight: str | None
         ax.add_patch(Rectangle((x_of(p, t) + 0.06, d + 0.06), 0.88, 0.88, facecolor=face,
                                edgecolor="white", alpha=0.85))
         ax.text(x_of(p, t) + 0.5, d + 0.42, str(rank), ha="center", va="center",
-                fontsize=fs, fontweight="bold", color=_text_color(face))
+                fontsize=fs, fontweight="bold", color=text_color(face))
         ax.text(x_of(p, t) + 0.5, d + 0.78, f"({p},{d},{t})", ha="center", va="center",
-                fontsize=7, color=_text_color(face))
+                fontsize=7, color=text_color(face))
     for p in range(pp):
         ax.text(x_of(p, 0) + tp / 2, -0.35, f"stage p = {p}", ha="center", va="bottom", fontsize=10)
         for t in range(tp):
@@ -120,5 +120,5 @@ def mesh_picture(*, pp: int = 1, dp: int = 1, tp: int = 1, highlight: str | None
         handles.append(Line2D([], [], color=_NODE_EDGE, lw=2.2, ls=(0, (4, 2)),
                               label=f"node boundary: node k holds ranks {gpus_per_node}k to "
                                     f"{gpus_per_node}k + {gpus_per_node - 1}"))
-    _legend(fig, ax, handles, owns, ncol=2 if len(handles) > 3 else len(handles))
+    place_legend(fig, ax, handles, owns, ncol=2 if len(handles) > 3 else len(handles))
     return fig

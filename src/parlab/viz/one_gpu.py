@@ -13,8 +13,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter
 
 from .. import cost
-from .memory import _MEM_COLORS, _byte_unit
-from .style import _TAB10, _clean, _legend, _new_axes
+from .memory import MEM_COLORS, byte_unit
+from .style import TAB10, clean_axes, place_legend, new_axes
 
 
 def _positive(name: str, value) -> float:
@@ -46,15 +46,15 @@ def training_memory_bars(models: Mapping[str, float], *, gpu_memory: float = cos
     gpu_memory = _positive("gpu_memory", gpu_memory)
     states = {label: cost.training_bytes(_positive(f"models[{label!r}]", n), weight_bytes, grad_bytes,
                                          optim_bytes) for label, n in models.items()}
-    size, unit = _byte_unit(max(max(b.total for b in states.values()), gpu_memory))
+    size, unit = byte_unit(max(max(b.total for b in states.values()), gpu_memory))
     parts = [("weights", "params", weight_bytes), ("gradients", "grads", grad_bytes),
              ("optimizer state", "optimizer", optim_bytes)]
     owns = ax is None
-    fig, ax = _new_axes(ax, (max(6.0, 1.2 * len(models) + 3), 4.8))
+    fig, ax = new_axes(ax, (max(6.0, 1.2 * len(models) + 3), 4.8))
     for i, b in enumerate(states.values()):
         bottom = 0.0
         for (_, key, _), v in zip(parts, (b.weights, b.grads, b.optimizer)):
-            ax.bar(i, v / size, 0.6, bottom=bottom, color=_MEM_COLORS[key], edgecolor="white", lw=0.8)
+            ax.bar(i, v / size, 0.6, bottom=bottom, color=MEM_COLORS[key], edgecolor="white", lw=0.8)
             bottom += v / size
         gpus = math.ceil(b.total / gpu_memory)
         ax.text(i, bottom, f"{_plain(bottom)} {unit}\n≥ {gpus} GPU{'s' if gpus > 1 else ''}",
@@ -65,11 +65,11 @@ def training_memory_bars(models: Mapping[str, float], *, gpu_memory: float = cos
     ax.set_ylabel(f"training state ({unit})", fontsize=11)
     ax.margins(y=0.18)
     ax.set_title(title or "memory to train, before activations (mixed-precision Adam)", fontsize=12)
-    _clean(ax)
-    handles = [Patch(color=_MEM_COLORS[key], label=f"{name} ({per:g} B/param)") for name, key, per in parts]
+    clean_axes(ax)
+    handles = [Patch(color=MEM_COLORS[key], label=f"{name} ({per:g} B/param)") for name, key, per in parts]
     handles.append(Line2D([], [], color="black", ls="--", lw=1.3,
                           label=f"one GPU: {_plain(gpu_memory / size)} {unit}"))
-    _legend(fig, ax, handles, owns, ncol=2)
+    place_legend(fig, ax, handles, owns, ncol=2)
     return fig
 
 
@@ -105,10 +105,10 @@ def time_to_train_curves(models: Mapping[str, tuple[float, float]],
         days[label] = [cost.time_to_train(n_params, tokens, n, peak_flops, mfu) / cost.SECONDS_PER_DAY
                        for n in counts]
     owns = ax is None
-    fig, ax = _new_axes(ax, (7.5, 4.8))
+    fig, ax = new_axes(ax, (7.5, 4.8))
     handles = []
     for i, (label, ys) in enumerate(days.items()):
-        handles += ax.plot(counts, ys, marker="o", ms=4, lw=1.8, color=_TAB10[i % 10], label=label)
+        handles += ax.plot(counts, ys, marker="o", ms=4, lw=1.8, color=TAB10[i % 10], label=label)
     for j, (name, value) in enumerate(_DURATIONS):
         handles.append(ax.axhline(value, color="#888888", lw=1, ls=(":", "-.", "--")[j], label=name))
     ax.set_xscale("log")
@@ -122,6 +122,6 @@ def time_to_train_curves(models: Mapping[str, tuple[float, float]],
     ax.grid(True, which="major", alpha=0.3)
     ax.set_title(title or f"6·N·tokens / (GPUs × {peak_flops / 1e12:,.0f} TFLOP/s × MFU {mfu:.0%}), "
                  "perfect scaling", fontsize=11)
-    _clean(ax)
-    _legend(fig, ax, handles, owns, ncol=min(len(handles), 3))
+    clean_axes(ax)
+    place_legend(fig, ax, handles, owns, ncol=min(len(handles), 3))
     return fig

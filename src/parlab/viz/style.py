@@ -9,15 +9,15 @@ from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
 
-_TAB10 = matplotlib.colormaps["tab10"].colors
+TAB10 = matplotlib.colormaps["tab10"].colors
 
 
 def rank_color(rank: int) -> tuple[float, float, float]:
     """The colour of ``rank`` in every parlab figure."""
-    return _TAB10[rank % 10]
+    return TAB10[rank % 10]
 
 
-def _new_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
+def new_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is not None:
         return ax.figure, ax
     import matplotlib.pyplot as plt
@@ -27,17 +27,17 @@ def _new_axes(ax: Axes | None, size: tuple[float, float]) -> tuple[Figure, Axes]
     return fig, ax
 
 
-def _text_color(face) -> str:
+def text_color(face) -> str:
     r, g, b = to_rgb(face)
     return "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.55 else "black"
 
 
-def _clean(ax: Axes) -> None:
+def clean_axes(ax: Axes) -> None:
     ax.spines[["top", "right"]].set_visible(False)
     ax.tick_params(labelsize=10)
 
 
-def _legend(fig: Figure, ax: Axes, handles, owns_figure: bool, ncol: int) -> None:
+def place_legend(fig: Figure, ax: Axes, handles, owns_figure: bool, ncol: int) -> None:
     if owns_figure:  # below the plot, laid out by constrained layout: never over data
         fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False,
                    fontsize=9)

@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .style import _clean, _legend, _new_axes, _text_color
+from .style import clean_axes, place_legend, new_axes, text_color
 
 
 _SPAN_COLORS = {
@@ -31,7 +31,7 @@ _ALIASES = {
 }
 
 
-_EXTRA_COLORS = ["#76b7b2", "#edc948", "#ff9da7", "#af7aa1", "#9c755f", "#bab0ac"]
+EXTRA_COLORS = ["#76b7b2", "#edc948", "#ff9da7", "#af7aa1", "#9c755f", "#bab0ac"]
 
 
 def _category(name: str) -> str:
@@ -130,8 +130,8 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
     length = (t1 - t0) * scale or 1.0
     ranks = sorted({s[1] for s in items})
     owns = ax is None
-    fig, ax = _new_axes(ax, (10, 0.55 * len(ranks) + 2.2))
-    colors, extra = dict(_SPAN_COLORS), iter(_EXTRA_COLORS * 10)
+    fig, ax = new_axes(ax, (10, 0.55 * len(ranks) + 2.2))
+    colors, extra = dict(_SPAN_COLORS), iter(EXTRA_COLORS * 10)
     used: dict[str, str] = {}
     axes_inches = ax.get_position().width * fig.get_figwidth()
     is_comm = [_category(s[0]) in _COMM for s in items]
@@ -157,7 +157,7 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
         crowded = _overlaps((a, b), lanes[(r, c)])  # in-flight async ops stack up
         if labels and fits and not crowded:
             ax.text(x + w / 2, y, fits[0], ha="center", va="center", fontsize=8 if not comm_lane else 7,
-                    color=_text_color(color))
+                    color=text_color(color))
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
     ax.set_xlim(0, length)
@@ -172,8 +172,8 @@ def gantt(spans: Sequence[Any], *, title: str | None = None, show_bubble: bool =
             note += f", predicted {predicted_bubble:.1%}"
         heading += "\n" + note
     ax.set_title(heading, fontsize=12)
-    _clean(ax)
+    clean_axes(ax)
     handles = [Patch(color=c, label=k) for k, c in used.items()]
     handles.append(Patch(facecolor="#f4f4f4", edgecolor="#d5d5d5", hatch="////", label="idle"))
-    _legend(fig, ax, handles, owns, ncol=min(len(handles), 7))
+    place_legend(fig, ax, handles, owns, ncol=min(len(handles), 7))
     return fig
