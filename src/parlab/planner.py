@@ -131,7 +131,8 @@ from dataclasses import dataclass, field, replace  # noqa: F401  (replace is par
 from . import cost, planner_frameworks
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown", "optimizer_bytes",
-           "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "problems", "ep_problems", "predict",
+           "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "tp_time", "cp_time", "pp_time", "ep_time", "dp_time",
+           "optimizer_time", "problems", "ep_problems", "predict",
            "search", "candidates", "fewest_recomputed", "recomputed_share", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
 
@@ -752,12 +753,152 @@ def optimizer_bytes(plan: Plan) -> float:
     return w + g + o + w + o
 
 
-def step_time(plan: Plan, work: Workload) -> dict[str, float]:
-    """Seconds per optimizer step, by part (exposed time): compute, memory (memory-bound kernels), bubble,
-    tp, cp, pp, ep, dp, optimizer, cap (what the MFU cap adds); and total."""
+@dataclass(frozen=True)
+class _Slowest:
+    """What every axis's time reads of one micro-batch on the slowest pipeline stage."""
+
+    tokens: float  # tokens per micro-batch on one GPU: b·s/cp
+    rate: float  # FLOP/s this GPU sustains on the plan's GEMMs
+    fwd: float  # forward FLOPs per token of one layer on this GPU
+    bwd: float  # backward FLOPs per token of one layer
+    extra: float  # the recomputed forward's FLOPs per token of one layer, were every layer recomputed
+    layers: int  # the stage's layers
+    redo: float  # the share of ``extra`` the stage runs (1 but under block recomputation)
+    again: float  # the share of the stage's layers whose forward runs twice
+    compute: float  # seconds of GEMMs in the step: accum micro-batches
+
+
+def tp_time(plan: Plan, work: Workload, st: _Slowest) -> float:
+    """Exposed tensor-parallel seconds per step: units of (t-1)/t·b·(s/cp)·h elements per layer per
+    micro-batch, the backward's all-reduces (or SP's reduce-scatters) behind its weight-gradient GEMMs."""
+    m, c, t = work.model, work.cluster, plan.tp
+    if t == 1:
+        return 0.0
+    h = m.hidden
+    cross = _crosses(t, c)
+    bw, lat = _bw(cross, c)[0], group_latency(t, c, cross)
+    unit = (t - 1) / t * st.tokens * h * BF16 / bw  # seconds per unit
+    fwd_units, fwd_calls = 4, 4
+    if plan.sp:
+        hidden_units, hidden_calls, open_units, open_calls = 4, 4, 2, 2
+        window = 4 * 7 * h * h / t * st.tokens / st.rate  # dgrad + wgrad GEMMs of QKV and FC1 (3h² + 4h²)
+    else:
+        hidden_units, hidden_calls, open_units, open_calls = 4, 2, 0, 0
+        window = 2 * 7 * h * h / t * st.tokens / st.rate  # wgrad GEMMs of QKV and FC1
+    exposed = (fwd_units + open_units) * unit + (fwd_calls + open_calls) * lat \
+        + max(0.0, hidden_units * unit + hidden_calls * lat - window)
+    exposed += st.again * (fwd_units * unit + fwd_calls * lat)  # the recomputed forward's
+    return exposed * st.layers * plan.accum
+
+
+def cp_time(plan: Plan, work: Workload, st: _Slowest) -> float:
+    """Exposed context-parallel seconds per step, as the plan's framework runs it
+    (``planner_frameworks.cp_method``): a ring hides each hop behind a block, an all-gather only
+    behind the first local block."""
+    if plan.cp == 1:
+        return 0.0
     m, c = work.model, work.cluster
     b, s, h, t = plan.micro_batch, m.seq, m.hidden, plan.tp
-    tokens = b * s / plan.cp  # tokens per micro-batch on one GPU
+    cross = _crosses(plan.cp * t, c)
+    bw = _bw(cross, c)[0]
+    h_kv = h * m.kv / m.heads / t
+    window = 3 * _attention_flops(m, c.calibrated) / t * st.tokens / st.rate  # attention fwd + bwd, this GPU's tokens
+    if planner_frameworks.cp_method(plan) == "ring":  # c − 1 hops each way, each behind a block
+        comm = (cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw
+                + 3 * (plan.cp - 1) * _bw(cross, c)[1])
+        fwd_share = 1 / 3  # the forward's 2 of the ring's 6 chunks
+    else:  # all-gather K/V (and reduce-scatter dK/dV): hidden behind the first local block only
+        comm = (cost.cp_allgather_elems_per_layer(b, s, h_kv, plan.cp) * BF16 / bw
+                + 2 * group_latency(plan.cp, c, cross))
+        window /= plan.cp
+        fwd_share = 1 / 2
+    return max(0.0, comm * (1 + fwd_share * st.again) - window) * st.layers * plan.accum  # recomputed: again
+
+
+def pp_time(plan: Plan, work: Workload, st: _Slowest) -> float:
+    """Pipeline seconds per step: a forward and a backward hop per micro-batch and chunk, on the slowest
+    boundary (a boundary that crosses nodes runs at the network's bandwidth)."""
+    if plan.pp == 1:
+        return 0.0
+    m, c = work.model, work.cluster
+    bw, lat = _bw(any(boundary_crosses(plan, c)), c)
+    hop = lat + plan.micro_batch * (m.seq / plan.cp) * m.hidden / plan.tp * BF16 / bw
+    return 2 * (plan.accum * plan.v + plan.pp - 1) * hop
+
+
+def ep_time(plan: Plan, work: Workload, st: _Slowest) -> float:
+    """Expert-parallel seconds per step: the MoE layers' four all-to-alls, exposed (Megatron-LM's
+    default), or with ``ep_overlap`` only what exceeds the computation."""
+    if plan.ep == 1:
+        return 0.0
+    m, c, t = work.model, work.cluster, plan.tp
+    cross = _crosses(plan.ep * plan.cp * t, c)  # EP ranks are tp·cp apart (tp-cp-ep-dp-pp)
+    bw, lat = _bw(cross, c)[0], group_latency(plan.ep, c, cross)
+    rows = st.tokens / t  # each TP rank dispatches its sequence shard (Megatron needs SP with TP and EP)
+    per_layer = (cost.ep_comm_elems_per_layer(rows, m.hidden, m.top_k, plan.ep) * _load(plan, m) * BF16 / bw
+                 + 4 * lat)
+    # the recomputed forward dispatches and combines again: half the four all-to-alls
+    exposed = per_layer * (1 + st.again / 2) * st.layers * m.moe_layer_count / m.layers * plan.accum
+    if plan.ep_overlap:  # beside the computation: only what exceeds it is exposed
+        exposed = max(0.0, exposed - st.compute)
+    return exposed
+
+
+def dp_time(plan: Plan, work: Workload, st: _Slowest, stage: int) -> float:
+    """Exposed data-parallel seconds per step over dp·cp ranks (routed experts over the dp·cp/ep
+    expert-data-parallel ones), as the plan's ZeRO stage and framework run it."""
+    d = plan.dp * plan.cp
+    if d == 1:
+        return 0.0
+    m, c, t = work.model, work.cluster, plan.tp
+    cross = _crosses(d * t, c)
+    bw, lat = _bw(cross, c)[0], group_latency(d, c, cross)
+    dense, experts = _stage_split(plan, m, stage)
+    n_params = (dense + experts / plan.ep) / t
+    g_bytes = cost.PRECISIONS[plan.precision][1]  # gradients reduce in their own precision
+    e = d // plan.ep
+    ring = (d - 1) / d * dense / t + (e - 1) / e * experts / (plan.ep * t)  # elements per rank per ring pass
+    buckets = max(1, math.ceil(n_params / megatron_bucket_params(d)))
+    n_slow, accum = st.layers, plan.accum
+    fwd_mb = n_slow * st.fwd * st.tokens / st.rate
+    bwd_mb = n_slow * (st.bwd + st.extra * st.redo) * st.tokens / st.rate
+    if plan.zero == 0:  # all-reduce, overlapped with the last micro-batch's backward
+        return max(0.0, 2 * ring * g_bytes / bw + buckets * lat - bwd_mb)
+    if plan.zero == 1:  # reduce-scatter in backward, bf16 all-gather in the next forward
+        return (max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
+                + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
+    if plan.zero == 2 and plan.tp == plan.cp == 1:  # DeepSpeed: reduce-scatter after every backward
+        return (accum * max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
+                + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
+    if plan.zero == 2:  # torchtitan's FSDP without resharding after forward: gather + reduce-scatter
+        return accum * (max(0.0, ring * BF16 / bw + n_slow * lat - fwd_mb)
+                        + max(0.0, ring * g_bytes / bw + n_slow * lat - bwd_mb))
+    # ZeRO-3/FSDP: per micro-batch, gather (prefetched) in forward and backward, reduce-scatter
+    ag, rs = ring * BF16 / bw, ring * g_bytes / bw
+    return accum * (max(0.0, ag + n_slow * lat - fwd_mb) + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
+
+
+def optimizer_time(plan: Plan, work: Workload, stage: int) -> float:
+    """The optimizer step's seconds (calibrated model only): once per step, memory-bound, over the
+    parameters this GPU updates."""
+    c = work.cluster
+    if not c.calibrated:
+        return 0.0
+    dense, experts = _stage_split(plan, work.model, stage)
+    d, t = plan.dp * plan.cp, plan.tp
+    updated = (dense / t / (d if plan.zero >= 1 else 1)
+               + experts / (t * plan.ep) / (max(1, d // plan.ep) if plan.zero >= 1 else 1))
+    return updated * optimizer_bytes(plan) / c.hbm_bandwidth
+
+
+def step_time(plan: Plan, work: Workload) -> dict[str, float]:
+    """Seconds per optimizer step, by part (exposed time): compute, memory (memory-bound kernels), bubble,
+    tp, cp, pp, ep, dp, optimizer, cap (what the MFU cap adds); and total.  Each parallel axis's time is
+    a function of its own (``tp_time``, ``cp_time``, ``pp_time``, ``ep_time``, ``dp_time``), reading
+    the slowest stage's micro-batch."""
+    m, c = work.model, work.cluster
+    s, h, t = m.seq, m.hidden, plan.tp
+    tokens = plan.micro_batch * s / plan.cp  # tokens per micro-batch on one GPU
     rate = c.peak_flops * efficiency(plan, work)
     fwd, bwd, extra = _layer_flops(plan, m, plan.recompute, causal=c.calibrated)
     layers = stage_layers(plan, m)
@@ -776,102 +917,14 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
         mem_mb = [0.0] * plan.pp
     stage_mb = [a + b_ for a, b_ in zip(flops_mb, mem_mb)]
     slowest = max(range(plan.pp), key=lambda r: stage_mb[r])
-    n_slow, t_mb = layers[slowest], stage_mb[slowest]
-    again = recomputed_share(plan, n_slow)  # the slowest stage's share of layers whose forward runs twice
-    accum = plan.accum
-    compute = accum * flops_mb[slowest]
-    memory = accum * mem_mb[slowest]
-    bubble = (plan.pp - 1) / plan.v * t_mb
-    # ---- tensor parallel: units of (t-1)/t·b·(s/cp)·h elements per layer per micro-batch
-    tp = 0.0
-    if t > 1:
-        cross = _crosses(t, c)
-        bw, lat = _bw(cross, c)[0], group_latency(t, c, cross)
-        unit = (t - 1) / t * tokens * h * BF16 / bw  # seconds per unit
-        fwd_units, fwd_calls = 4, 4
-        if plan.sp:
-            hidden_units, hidden_calls, open_units, open_calls = 4, 4, 2, 2
-            window = 4 * 7 * h * h / t * tokens / rate  # dgrad + wgrad GEMMs of QKV and FC1 (3h² + 4h²)
-        else:
-            hidden_units, hidden_calls, open_units, open_calls = 4, 2, 0, 0
-            window = 2 * 7 * h * h / t * tokens / rate  # wgrad GEMMs of QKV and FC1
-        exposed = (fwd_units + open_units) * unit + (fwd_calls + open_calls) * lat \
-            + max(0.0, hidden_units * unit + hidden_calls * lat - window)
-        exposed += again * (fwd_units * unit + fwd_calls * lat)  # the recomputed forward's
-        tp = exposed * n_slow * accum
-    # ---- context parallel, as the plan's framework runs it (planner_frameworks.cp_method)
-    cp_t = 0.0
-    if plan.cp > 1:
-        cross = _crosses(plan.cp * t, c)
-        bw = _bw(cross, c)[0]
-        h_kv = h * m.kv / m.heads / t
-        window = 3 * _attention_flops(m, c.calibrated) / t * tokens / rate  # attention fwd + bwd, this GPU's tokens
-        if planner_frameworks.cp_method(plan) == "ring":  # c − 1 hops each way, each behind a block
-            comm = (cost.cp_comm_elems_per_layer(b, s, h_kv, plan.cp, reverse_backward=True) * BF16 / bw
-                    + 3 * (plan.cp - 1) * _bw(cross, c)[1])
-            fwd_share = 1 / 3  # the forward's 2 of the ring's 6 chunks
-        else:  # all-gather K/V (and reduce-scatter dK/dV): hidden behind the first local block only
-            comm = (cost.cp_allgather_elems_per_layer(b, s, h_kv, plan.cp) * BF16 / bw
-                    + 2 * group_latency(plan.cp, c, cross))
-            window /= plan.cp
-            fwd_share = 1 / 2
-        cp_t = max(0.0, comm * (1 + fwd_share * again) - window) * n_slow * accum  # a recomputed forward: again
-    # ---- pipeline: hops on the slowest boundary
-    pp_t = 0.0
-    if plan.pp > 1:
-        cross = any(boundary_crosses(plan, c))
-        bw, lat = _bw(cross, c)
-        hop = lat + b * (s / plan.cp) * h / t * BF16 / bw
-        pp_t = 2 * (accum * plan.v + plan.pp - 1) * hop
-    # ---- expert parallel: the MoE layers' four all-to-alls, exposed (Megatron-LM's default)
-    ep_t = 0.0
-    if plan.ep > 1:
-        cross = _crosses(plan.ep * plan.cp * t, c)  # EP ranks are tp·cp apart (tp-cp-ep-dp-pp)
-        bw, lat = _bw(cross, c)[0], group_latency(plan.ep, c, cross)
-        rows = tokens / t  # each TP rank dispatches its sequence shard (Megatron needs SP with TP and EP)
-        per_layer = (cost.ep_comm_elems_per_layer(rows, h, m.top_k, plan.ep) * _load(plan, m) * BF16 / bw
-                     + 4 * lat)
-        # the recomputed forward dispatches and combines again: half the four all-to-alls
-        ep_t = per_layer * (1 + again / 2) * n_slow * m.moe_layer_count / m.layers * accum
-        if plan.ep_overlap:  # beside the computation: only what exceeds it is exposed
-            ep_t = max(0.0, ep_t - compute)
-    # ---- data parallel over dp·cp ranks (routed experts over the dp·cp/ep expert-data-parallel ones)
-    dp_t = 0.0
-    d = plan.dp * plan.cp
-    if d > 1:
-        cross = _crosses(d * t, c)
-        bw, lat = _bw(cross, c)[0], group_latency(d, c, cross)
-        dense, experts = _stage_split(plan, m, slowest)
-        n_params = (dense + experts / plan.ep) / t
-        g_bytes = cost.PRECISIONS[plan.precision][1]  # gradients reduce in their own precision
-        e = d // plan.ep
-        ring = (d - 1) / d * dense / t + (e - 1) / e * experts / (plan.ep * t)  # elements per rank per ring pass
-        buckets = max(1, math.ceil(n_params / megatron_bucket_params(d)))
-        fwd_mb = n_slow * fwd * tokens / rate
-        bwd_mb = n_slow * (bwd + extra * redo[slowest]) * tokens / rate
-        if plan.zero == 0:  # all-reduce, overlapped with the last micro-batch's backward
-            dp_t = max(0.0, 2 * ring * g_bytes / bw + buckets * lat - bwd_mb)
-        elif plan.zero == 1:  # reduce-scatter in backward, bf16 all-gather in the next forward
-            dp_t = (max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
-                    + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
-        elif plan.zero == 2 and plan.tp == plan.cp == 1:  # DeepSpeed: reduce-scatter after every backward
-            dp_t = (accum * max(0.0, ring * g_bytes / bw + buckets * lat - bwd_mb)
-                    + max(0.0, ring * BF16 / bw + buckets * lat - fwd_mb))
-        elif plan.zero == 2:  # torchtitan's FSDP without resharding after forward: gather + reduce-scatter
-            dp_t = accum * (max(0.0, ring * BF16 / bw + n_slow * lat - fwd_mb)
-                            + max(0.0, ring * g_bytes / bw + n_slow * lat - bwd_mb))
-        else:  # ZeRO-3/FSDP: per micro-batch, gather (prefetched) in forward and backward, reduce-scatter
-            ag, rs = ring * BF16 / bw, ring * g_bytes / bw
-            dp_t = accum * (max(0.0, ag + n_slow * lat - fwd_mb)
-                            + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
-    # ---- the optimizer step: once per step, memory-bound, over the parameters this GPU updates
-    dense, experts = _stage_split(plan, m, slowest)
-    d = plan.dp * plan.cp
-    updated = (dense / t / (d if plan.zero >= 1 else 1)
-               + experts / (t * plan.ep) / (max(1, d // plan.ep) if plan.zero >= 1 else 1))
-    opt_t = updated * optimizer_bytes(plan) / c.hbm_bandwidth if c.calibrated else 0.0
-    parts = {"compute": compute, "memory": memory, "bubble": bubble, "tp": tp, "cp": cp_t, "pp": pp_t, "ep": ep_t,
-             "dp": dp_t, "optimizer": opt_t}
+    st = _Slowest(tokens=tokens, rate=rate, fwd=fwd, bwd=bwd, extra=extra, layers=layers[slowest],
+                  redo=redo[slowest], again=recomputed_share(plan, layers[slowest]),
+                  compute=plan.accum * flops_mb[slowest])
+    parts = {"compute": st.compute, "memory": plan.accum * mem_mb[slowest],
+             "bubble": (plan.pp - 1) / plan.v * stage_mb[slowest],
+             "tp": tp_time(plan, work, st), "cp": cp_time(plan, work, st), "pp": pp_time(plan, work, st),
+             "ep": ep_time(plan, work, st), "dp": dp_time(plan, work, st, slowest),
+             "optimizer": optimizer_time(plan, work, slowest)}
     # ---- no plan faster than the best MFU published for its GPU generation (Cluster.best_mfu)
     floor = (cost.model_flops_per_token(m.active_params, m.layers, h, s) * work.global_batch * s
              / (plan.gpus * c.peak_flops * c.best_mfu))
