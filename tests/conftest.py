@@ -164,3 +164,28 @@ def _record_verdicts():
     harness.grade_batch = recording
     yield
     harness.grade_batch = original
+
+
+# ---------------------------------------------------------------- where the suite's time goes
+# pytest's --durations lists the slowest tests; a tier's or a module's whole cost (its many small
+# tests, its fixtures' setup) is what decides whether CI fits its budget, so every run ends with both.
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::")[0]
+    _SPENT[module] = _SPENT.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _SPENT:
+        return
+    tiers: dict[str, float] = {}
+    for module, seconds in _SPENT.items():
+        tier = module.split("/")[1] if module.startswith("tests/") and module.count("/") >= 2 else "?"
+        tiers[tier] = tiers.get(tier, 0.0) + seconds
+    write = terminalreporter.write_line
+    terminalreporter.section("time by tier and module (setup + call + teardown)")
+    write("  ".join(f"{t} {s:.0f} s" for t, s in sorted(tiers.items(), key=lambda kv: -kv[1])))
+    for module, seconds in sorted(_SPENT.items(), key=lambda kv: -kv[1])[:15]:
+        write(f"{seconds:8.1f} s  {module}")
