@@ -1,7 +1,7 @@
 """The lecture's context- and expert-parallelism figures (lab 07), from parlab at build time.
 
 ``cp_activations`` is ``cost.activation_bytes_per_layer`` (Korthikanti et al.
-2022, Table 2, the formula planner v2 uses) for the planner's 7B and 70B models
+2022, Table 2, the formula the planner uses) for the planner's 7B and 70B models
 with s/cp tokens per GPU; ``ring_steps`` the exact ring schedule of lab 07's
 exercise 1; ``causal_balance`` is ``parlab.viz.causal_work`` on the plain and
 zig-zag layouts of lab 07's checker (``parlab.grading.lab07.ring.layout_positions``);

@@ -7,7 +7,7 @@ tokens/s and, where the scenario has a token budget, the days to train).  For
 a scenario where nothing fits it draws the candidate plan that needs the
 least memory, hatched, and says why none fits (``planner.infeasible``).  ``calculator_report()`` is
 ``parlab.calculator.report`` for the plan the calculator starts on, with its
-text drawn under the bars.  These are predictions of planner v2's model (GEMMs
+text drawn under the bars.  These are predictions of planner v3's model (GEMMs
 at ``Cluster.efficiency`` of peak times a shape factor, each axis's traffic
 overlapped where Megatron-LM/FSDP overlap it, a latency per collective, plans
 within ``Cluster.headroom`` of HBM; see its docstring for what it leaves out),
@@ -141,7 +141,7 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
     side.set_xlim(0, 1)
     eff = "/".join(sorted({f"{row.work.cluster.efficiency:.0%}" for row in rows}))
     room = "/".join(sorted({f"{row.work.cluster.headroom:.0%}" for row in rows}))
-    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search\n(predicted by planner v2: GEMMs at {eff} "
+    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search\n(predicted by planner v3: GEMMs at {eff} "
                  f"of peak × a shape factor, traffic overlapped where Megatron overlaps it, ≤ {room} of HBM)",
                  fontsize=11.5)
     return fig

@@ -134,7 +134,13 @@ ZERO_STAGES = (0, 1, 2, 3)
 #:                 variance (ZeRO, Rajbhandari et al. 2019, §3.1)
 #:   "fp32_grads"  2 + 4 + 12 = 18: Megatron-LM's bf16 training keeps fp32 main gradients
 #:                 (Megatron-LM docs, distributed optimizer: 6 + 12/d bytes with ZeRO-1 over d)
-PRECISIONS = {"zero16": (2, 2, 12), "fp32_grads": (2, 4, 12)}
+#:   "bf16_moments" 2 + 4 + 8 = 14: as "fp32_grads", with Adam's two moments in bf16 and the master
+#:                 weights in fp32 (DeepSeek-AI 2024, arXiv 2412.19437, §3.3.3; Megatron-LM's
+#:                 precision-aware optimizer, --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
+PRECISIONS = {"zero16": (2, 2, 12), "fp32_grads": (2, 4, 12), "bf16_moments": (2, 4, 8)}
+
+#: How activations are cached for the backward pass (``activation_bytes_per_layer``'s ``cache``).
+ACTIVATION_CACHES = ("bf16", "fp8")
 
 
 def model_state_bytes(n_params: float, dp: int, stage: int, precision: str = "zero16") -> float:
@@ -185,8 +191,9 @@ def recompute_mode(recompute) -> str:
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
                                recompute=False, scores: bool = True, ffn: int | None = None,
                                gated: bool = False, kv_heads: int | None = None,
-                               dropout: bool = True) -> float:
-    """Activation memory of one transformer layer, 16-bit activations.
+                               dropout: bool = True, cache: str = "bf16", qk_dim: float | None = None,
+                               v_dim: float | None = None, latent: int = 0) -> float:
+    """Activation memory of one transformer layer, 16-bit activations (or ``cache="fp8"``, below).
 
     Korthikanti et al. 2022 (arXiv 2205.05198), Table 2:
       t = 1, no recompute              sbh(34 + 5as/h)
@@ -214,12 +221,26 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
       ``dropout``   False (Llama 2 and 3 train without it): the two sbh dropout masks go,
                     and with stored scores the mask and dropped copy of the scores (5as/h
                     becomes 2as/h, the softmax output alone).
+    ``cache="fp8"`` is DeepSeek-V3's recipe (DeepSeek-AI 2024, arXiv 2412.19437): the norms'
+    outputs are recomputed in backward, not kept (§3.2.3: the attention and MLP inputs, 4 units,
+    go; the norms' own inputs, 4 units, stay); the attention output that the output projection
+    reads is kept in E5M6, 1.5 bytes (2 units become 1.5); the MLP keeps its activation
+    function's inputs in FP8 and recomputes its output (§3.3.2: SwiGLU's 6·ffn/h units become
+    2·ffn/h, a GeLU MLP's 4·ffn/h become ffn/h).  Q, K and V stay 16-bit.  The paper states the
+    MLP rule for its MoE layers; here every MLP follows it.
+    ``qk_dim``, ``v_dim`` (default h/a) and ``latent`` describe multi-head latent attention (MLA,
+    DeepSeek-V2 and V3): heads of width qk_dim for Q and K and v_dim for V and the output
+    (a·qk_dim/h · 2 units for Q, and so on), and ``latent`` compressed values per token that the
+    up-projections read (q_lora_rank + kv_lora_rank + the shared rotary key), kept as their input
+    (2·latent/h units).  With ``cache="fp8"`` the up-projections are recomputed (§3.2.3): Q, K and V
+    go and the latent is kept in FP8 (latent/h units).
     ``recompute`` is "none", "selective" or "full" (or a bool: True = "full").
     """
     for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
         _nonneg(name, x)
     _at_least_one("t", t)
     mode = recompute_mode(recompute)
+    _choice("cache", cache, ACTIVATION_CACHES)
     sbh = s * b * h
     if mode == "full":
         return 2 * sbh / (t if sp else 1)
@@ -228,9 +249,17 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     per_score = 5 if dropout else 2  # softmax output (2), dropout mask (1) and output (2)
     attn = per_score * a * s / h if scores and mode == "none" else 0.0
     width = (ffn or 4 * h) / h
-    qkv = 2 + 4 * (kv_heads / a if kv_heads else 1)  # Q, then K and V
-    split = qkv + 2 + (6 if gated else 4) * width  # the parts TP splits: Q/K/V, attention output, MLP
-    kept = 8 + (2 if dropout else 0)  # norm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2
+    qk = a * qk_dim / h if qk_dim else 1.0  # Q's width, then K's and V's, over h
+    v = a * v_dim / h if v_dim else 1.0
+    group = kv_heads / a if kv_heads else 1
+    qkv = 2 * qk + 2 * group * (qk + v) + 2 * latent / h  # Q, then K and V; MLA's latent
+    if cache == "fp8":  # norm outputs recomputed; E5M6 attention output; MLP: activation inputs in FP8
+        qkv = latent / h if latent else qkv  # MLA: up-projections recomputed from the FP8 latent
+        split = qkv + 1.5 * v + (2 if gated else 1) * width
+        kept = 4 + (2 if dropout else 0)
+    else:
+        split = qkv + 2 * v + (6 if gated else 4) * width  # the parts TP splits: Q/K/V, attention output, MLP
+        kept = 8 + (2 if dropout else 0)  # norm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2
     if sp:
         return sbh * (kept + split + attn) / t
     return sbh * (kept + split / t + attn / t)

@@ -33,6 +33,14 @@ Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32
              DeepSeek-V3's DualPipe with its recomputation did, runs on ``NOT_PUBLIC``: DeepSeek-AI's
              HAI-LLM (DeepSeek-AI 2024, §3.2), which is not public.  It prices the published DeepSeek-V3
              row only; ``planner.candidates`` never generates ``ep_overlap`` plans.
+  DualPipe and FP8-cached activations (``Plan(schedule="dualpipe")``, ``Plan(act_cache="fp8")``):
+             DeepSeek-V3's schedule and activation recipe (DeepSeek-AI 2024, §3.2.1, §3.3.2), run on
+             ``NOT_PUBLIC`` too.  DeepSeek published DualPipe's schedule as code
+             (github.com/deepseek-ai/DualPipe), not a training framework that runs it with the rest of the
+             layout; the planner prices the published row only and never generates either.
+  precision "bf16_moments" (Adam's moments in bf16): Megatron-LM's precision-aware distributed
+             optimizer, ``--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16``
+             (megatron/training/arguments.py), priced with ZeRO-1 only.
 
 What no framework runs (``unrunnable``):
   ZeRO-2/3 with pp > 1.  DeepSpeed's ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``
@@ -104,6 +112,7 @@ _CHECKS = {
                                                                                   or p.precision == "zero16"),
     "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
                                                                      or (p.pp > 1 and p.zero >= 2)),
+    "bf16 moments beyond Megatron-LM": lambda p: p.precision == "bf16_moments" and p.zero != 1,
 }
 
 RULES = (
@@ -140,6 +149,11 @@ RULES = (
          "interleaving and with ZeRO <= 1 under its pipeline: use precision \"fp32_grads\" "
          "(Megatron-LM and torchtitan keep fp32 gradients)",
          "deepspeed/runtime/pipe/engine.py, deepspeed/runtime/pipe/schedule.py (TrainSchedule, plain 1F1B)"),
+    Rule("bf16 moments beyond Megatron-LM",
+         "precision \"bf16_moments\" with ZeRO-{zero}: the planner prices Adam's moments in bf16 as "
+         "Megatron-LM's precision-aware distributed optimizer runs them, with ZeRO-1: use zero=1",
+         "megatron/training/arguments.py (--use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype); "
+         "DeepSeek-AI 2024 §3.3.3"),
 )
 
 
@@ -160,7 +174,7 @@ def runs_on(plan) -> str:
     found = unrunnable(plan)
     if found:
         raise ValueError("no framework runs this plan: " + "; ".join(found))
-    if plan.ep_overlap and not megatron_overlaps(plan):
+    if (plan.ep_overlap and not megatron_overlaps(plan)) or plan.schedule == "dualpipe" or plan.act_cache == "fp8":
         return NOT_PUBLIC
     if plan.precision == "zero16":
         return "DeepSpeed"
@@ -215,6 +229,8 @@ def _megatron(plan, work, layers) -> str:
         args.append(f"--pipeline-model-parallel-layout \"{_layout(layers)}\"")
     if plan.zero == 1:
         args.append("--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather")
+        if plan.precision == "bf16_moments":
+            args.append("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
     elif plan.dp * plan.cp > 1:
         args.append("--overlap-grad-reduce")
     if plan.recompute == "full" and plan.recompute_layers:
@@ -262,7 +278,8 @@ def configuration(plan, work) -> str:
     framework = runs_on(plan)
     if framework == NOT_PUBLIC:
         return (f"# {NOT_PUBLIC}: no public configuration. Megatron-LM's all-to-all overlap needs a virtual "
-                "pipeline under pp > 1 and no full recomputation (megatron/core/transformer/transformer_config.py)")
+                "pipeline under pp > 1 and no full recomputation (megatron/core/transformer/transformer_config.py); "
+                "DualPipe and FP8-cached activations are DeepSeek-V3's own (DeepSeek-AI 2024, §3.2.1, §3.3.2)")
     if framework == "Megatron-LM":
         return _megatron(plan, work, stage_layers(plan, work.model))
     if framework == "torchtitan":

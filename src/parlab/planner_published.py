@@ -25,9 +25,13 @@ Sources:
     parallelism, no TP (§3.2).  Throughput: "training DeepSeek-V3 on each trillion tokens
     requires only 180K H800 GPU hours" (§1; Table 1: 2,664K GPU hours for 14.8T tokens of
     pre-training), i.e. 1e12 / (180,000 × 3,600 s) = 1,543 tokens/s per GPU.  The micro-batch
-    is not stated (1 assumed).  H800: the H100 SXM's compute and HBM, less NVLink.  DualPipe runs the
-    all-to-all beside another micro-batch's computation (§3.2.1; ``Plan.ep_overlap``) on 20 of the 132
-    SMs (§3.5.1; ``planner.OVERLAP_SMS``), in DeepSeek-AI's HAI-LLM (§3.2), not public.
+    is not stated (1 assumed).  H800: the H100 SXM's compute and HBM, less NVLink.  MLA: heads of
+    128 + 64 (queries and keys) and 128 (values), latent 1,536 + 512 + 64 (§4.2).  Priced as the paper
+    trains it (``DSV3_PRICED``): DualPipe (``Plan(schedule="dualpipe")``), which runs the all-to-all
+    beside another micro-batch's computation (§3.2.1; ``Plan.ep_overlap``) on 20 of the 132 SMs (§3.5.1;
+    ``planner.OVERLAP_SMS``); activations cached in FP8 (``Plan(act_cache="fp8")``, §3.3.2, with the
+    norms and MLA's up-projections recomputed, §3.2.3); Adam's moments in bf16 (precision
+    "bf16_moments", §3.3.3); in DeepSeek-AI's HAI-LLM (§3.2), not public.
 
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
@@ -113,23 +117,23 @@ TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none
 
 
 DSV3 = ModelSpec("DeepSeek-V3", 671e9, 61, 7168, 128, 4096, vocab=129280, ffn=18432, gated=True, dropout=False,
-                 experts=256, top_k=8, expert_ffn=2048, shared_experts=1, moe_layers=58)
+                 experts=256, top_k=8, expert_ffn=2048, shared_experts=1, moe_layers=58,
+                 qk_head_dim=192, v_head_dim=128, latent=1536 + 512 + 64)  # MLA (§4.2)
 H800 = P.H100_SXM(2048, nvlink=200e9, nvlink_busbw=160e9, network=50e9, name="H800")
-DSV3_MISS = ("priced with the all-to-all beside the computation as DualPipe runs it (§3.2.1), the computation on "
-             "the 112 of 132 SMs the all-to-all kernels leave it (§3.5.1), and the fewest recomputed layers that "
-             "fit (2 of each stage's 3 or 4 layers, 66.8 GB), it is predicted at 0.79, just outside the band; the all-to-all "
-             "alone is about as long as the computation (15.9 against 16.3 s per step without recomputation, the "
-             "1:1 of §3.2.1), so exposed, as Megatron-LM runs it by default, 0.47, or 0.43 recomputing every layer. "
-             "Without recomputation, overlapped, 0.90, but 107.4 GB per 80 GB GPU. Not priced, each of which "
-             "would raise it: FP8 GEMMs (§3.3.1, 'theoretically doubles the computational speed': every FLOP at "
-             "twice the rate gives 0.86, an upper bound since attention, embedding and output head stay in BF16; "
-             "the planner has no measured FP8 efficiency), activations cached in FP8 and Adam's moments in BF16 "
-             "(§3.3.1, §3.3.3: less memory, fewer layers recomputed), DualPipe's smaller bubble (Table 2), FP8 "
-             "dispatch and node-limited routing (§3.2.2); nor DualPipe's two parameter copies (Table 2), which "
-             "would lower it (docs/planner.md)")
-DSV3_AC = ("full: of 2 layers per stage (block), the fewest recomputed layers whose plan fits "
-           "(planner.fewest_recomputed). DeepSeek-V3 recomputes only RMSNorm and the MLA up-projections (§3.2.3), "
-           "which the planner, without MLA's shape, cannot express; recomputing no layer needs 107.4 GB")
+DSV3_PRICED = ("full: of 1 layer per stage (block), the fewest recomputed layers whose plan fits "
+               "(planner.fewest_recomputed), beside what DeepSeek-AI 2024 states and the planner prices: MLA's heads "
+               "and latent (§4.2); DualPipe (§3.2.1, Table 2: the all-to-all and the pipeline's sends beside the "
+               "computation, its bubble, two parameter copies, PP + 1 micro-batches of activations); the computation "
+               "on the 112 of 132 SMs the all-to-all kernels leave it (§3.5.1); activations cached in FP8 with the "
+               "norms and MLA's up-projections recomputed (§3.2.3, §3.3.2); Adam's moments in bf16 (§3.3.3). So "
+               "priced, recomputing no layer needs 74.8 GB, over the 72 GB a plan may use; 1 layer of each stage's "
+               "3 or 4, 66.2 GB, predicted at 0.83. Without that recipe (1F1B, bf16 activations and moments in fp32, "
+               "the all-to-all exposed as Megatron-LM runs it by default, 3 of each stage's layers recomputed) 0.40: "
+               "the all-to-all alone is about as long as the computation (15.9 against 18.1 s per step without "
+               "recomputation, the 1:1 of §3.2.1). Not priced, which would raise it: FP8 GEMMs (§3.3.1, "
+               "'theoretically doubles the computational speed': every FLOP at twice the rate gives 1.02, an upper "
+               "bound, since attention, the embedding and the output head stay in BF16; the planner has no measured "
+               "FP8 efficiency), FP8 dispatch and node-limited routing (§3.2.2) (docs/planner.md)")
 
 
 def _llama(gpus, dp, per_dp, tflops) -> Run:
@@ -160,10 +164,10 @@ RUNS = (
         Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64,
         published_ac="full"),
     Run("DeepSeek-V3, 2,048 H800s (DeepSeek-AI 2024)", Workload(DSV3, H800, 15360),
-        Plan(dp=128, tp=1, pp=16, zero=1, micro_batch=1, accum=120, recompute="full", recompute_layers=2, ep=64,
-             ep_overlap=True),
-        1e12 / (180e3 * 3600) * 2048, miss=DSV3_MISS, published_ac="RMSNorm and MLA up-projection (§3.2.3)",
-        priced_as=DSV3_AC),
+        Plan(dp=128, tp=1, pp=16, zero=1, micro_batch=1, accum=120, recompute="full", recompute_layers=1, ep=64,
+             ep_overlap=True, schedule="dualpipe", act_cache="fp8", precision="bf16_moments"),
+        1e12 / (180e3 * 3600) * 2048, published_ac="RMSNorm and MLA up-projection (§3.2.3)",
+        priced_as=DSV3_PRICED),
 )
 
 
@@ -178,14 +182,14 @@ def llama_fsdp_zero2_reading(run: Run) -> dict:
 
 
 def deepseek_v3_readings() -> dict:
-    """The DeepSeek-V3 row under each reading ``DSV3_MISS`` gives: name -> ``planner.Prediction``."""
+    """The DeepSeek-V3 row under each reading ``DSV3_PRICED`` states: name -> ``planner.Prediction``."""
     run = next(r for r in RUNS if r.work.model is DSV3)
     plan, work = run.plan, run.work
     none = replace(plan, recompute="none", recompute_layers=0)
+    bare = replace(none, ep_overlap=False, schedule="1f1b", act_cache="bf16", precision="fp32_grads")
+    plain = P.fewest_recomputed(replace(bare, recompute="full"), work)
     twice = replace(work, cluster=replace(work.cluster, peak_flops=2 * work.cluster.peak_flops))
-    readings = {"priced": (plan, work), "exposed": (replace(plan, ep_overlap=False), work),
-                "every layer, exposed": (replace(plan, recompute_layers=0, ep_overlap=False), work),
-                "none": (none, work), "none, exposed": (replace(none, ep_overlap=False), work),
+    readings = {"priced": (plan, work), "none": (none, work), "plain": (plain, work), "bare": (bare, work),
                 "every FLOP at twice the rate": (plan, twice)}
     return {name: P.predict(p, w) for name, (p, w) in readings.items()}
 

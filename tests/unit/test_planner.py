@@ -1,4 +1,4 @@
-"""parlab.planner v2: memory, step time, rules and search of a (dp, cp, tp, pp) plan."""
+"""parlab.planner v3: memory, step time, rules and search of a (dp, cp, tp, pp) plan."""
 import math
 
 import pytest

@@ -334,7 +334,7 @@ def test_scenario_figure_is_the_planners_best_plan_for_every_scenario():
     days = rows[list(planner.SCENARIOS).index(_15T)].days
     assert f"15T tokens in {days:,.0f} days" in text
     title = fig._suptitle.get_text()
-    assert "nothing overlapped" not in title and "planner v2" in title
+    assert "nothing overlapped" not in title and "planner v3" in title
     cluster = rows[0].work.cluster
     assert f"GEMMs at {cluster.efficiency:.0%} of peak" in title and f"≤ {cluster.headroom:.0%} of HBM" in title
     assert figures.overflow_inches(fig) == 0, "text runs past the figure's edge"

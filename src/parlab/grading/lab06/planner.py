@@ -4,7 +4,7 @@
     lab06.check_choose(choose)                   # the fastest plan that fits, or None
 
 Both are plain functions graded in one process (no ranks).  The reference
-is planner v2 (``parlab.planner``): ``memory_per_gpu`` must equal its memory
+is planner v3 (``parlab.planner``): ``memory_per_gpu`` must equal its memory
 model on the busiest stage (``planner.memory_per_gpu``, the largest
 ``planner.stage_memory``), and ``choose`` must return a plan that
 ``planner.problems`` accepts (which includes fitting in headroom × HBM and
@@ -71,7 +71,7 @@ class MemoryCase:
 def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=True, t=None,
              recompute=None, stage=None, optim=None, precision=None, embed=True, logits=True,
              working=True, stage0=False, zero_over_cp=True, untie=False) -> float:
-    """Planner v2's memory model (``planner.stage_memory``, busiest stage) with one piece changed,
+    """Planner v3's memory model (``planner.stage_memory``, busiest stage) with one piece changed,
     to recognise a mistake by its value."""
     zero = plan.zero if stage is None else stage
     mode = plan.recompute if recompute is None else recompute
@@ -412,7 +412,7 @@ CHOOSE = Exercise(
     timeout=120)
 
 check_memory_per_gpu = checker(MEMORY, """Exercise 4: ``memory_per_gpu(plan, model)`` -> bytes the busiest
-GPU needs under planner v2's model (``planner.stage_memory`` of the busiest stage: model states of the
+GPU needs under planner v3's model (``planner.stage_memory`` of the busiest stage: model states of the
 stage's layers, embedding and output layer under ZeRO over dp·cp, activations under 1F1B with the
 recomputation's working set, and the last stage's fp32 logits).""")
 check_choose = checker(CHOOSE, """Exercise 5: ``choose(work)`` -> the fastest ``planner.Plan`` that fits
