@@ -2,8 +2,9 @@
 
 The planner's error band (``error_band``) is measured on these runs: for each, the planner
 predicts the published layout's throughput and the band is the largest |predicted ÷ reported − 1|
-over the runs it is meant to cover.  Runs it is known to miss carry ``miss`` with the figure and
-the reason (docs/planner.md), and are left out of the band.  Throughput is converted to tokens/s
+over the runs it is meant to cover.  Runs whose throughput it is known to miss carry ``miss`` with
+the figure and the reason (docs/planner.md), and are left out of the band; runs whose layout it
+counts over the memory their authors ran it in carry ``memory_miss``, and stay in the band.  Throughput is converted to tokens/s
 the way each paper counts FLOPs.
 
 Sources:
@@ -35,9 +36,8 @@ Sources:
 
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
-(``Run.priced_as``).  Llama 3 405B's is not stated: it is priced under Megatron-LM's block recomputation of
-the fewest layers per model chunk that fit (``planner.fewest_recomputed``), the fastest the planner
-predicts for a plan that fits.  torchtitan's "selective op" saves every matmul's output except every second
+(``Run.priced_as``).  Llama 3 405B trained without checkpointing (Dubey et al. 2024, §3.3.2), which
+the planner counts over the HBM (``LLAMA_405B_MEMORY_MISS``).  torchtitan's "selective op" saves every matmul's output except every second
 one, and SDPA's, and recomputes the rest (torchtitan 9dec370, parallelize_llama.py
 ``_custom_policy``); its "selective layer" fully recomputes every k-th layer
 (``selective_ac_option = 'k'``).  The planner's modes are none, Korthikanti's selective (the
@@ -51,8 +51,8 @@ backward, which is ZeRO-1's whole bf16 weights and one all-gather per step.  The
 either accumulated whole and reduce-scattered once (ZeRO-1 exactly, memory and bytes) or
 reduce-scattered after every micro-batch (ZeRO-2's gradient memory, and accum times the
 reduce-scatter bytes); the paper does not say which.  ``LLAMA_FSDP`` gives the figures of the
-second reading: it needs less memory, moves more bytes, and does not change the miss below
-(``LLAMA_405B_MISS``: without recomputation the layout is still over the 72 GB a plan may use).
+second reading: it needs less memory and moves more bytes; the layout is still over the 72 GB a
+plan may use (``LLAMA_405B_MEMORY_MISS``).
 """
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ class Run:
     work: Workload
     plan: Plan
     reported: float  # tokens/s over all GPUs
-    miss: str = ""  # why the planner misses it (kept out of the band), or ""
+    miss: str = ""  # why the planner misses its throughput (kept out of the band), or ""
+    memory_miss: str = ""  # why the planner counts the layout over the memory its authors ran it in, or ""
     published_ac: str = ""  # the activation checkpointing as the source states it
     priced_as: str = ""  # why plan.recompute is the planner's nearest mode, where it differs
 
@@ -95,16 +96,16 @@ def _palm(m: ModelSpec) -> float:
     return 6 * m.params + 12 * m.layers * m.hidden * m.seq
 
 
-LLAMA_405B_MISS = ("without recomputation the layout needs 101.7 GB (8,192 GPUs) and 87.6 GB (16,384) per "
-                   "80 GB GPU and would be predicted at 0.94 and 0.91 of the reported throughput; recomputing "
-                   "1 layer of each 2-layer model chunk (Megatron-LM's block method, the fewest that fits) it "
-                   "needs 63.8 and 56.2 GB and is predicted at 0.80 and 0.78, just outside the band; recomputing "
-                   "every layer, 25.4 and 24.2 GB and 0.70 and 0.68. The paper does not say which layers Meta "
-                   "recomputed, nor the interleaving (v=4 assumed: with fewer chunks per stage, fewer layers "
-                   "could be recomputed) (docs/planner.md)")
-LLAMA_405B_AC = ("full: of 1 layer per model chunk (--recompute-method block --recompute-num-layers 1), the "
-                 "fewest recomputed layers whose plan fits (planner.fewest_recomputed): the planner's fastest "
-                 "prediction that fits, not a fit to the reported figure (see miss)")
+LLAMA_405B_MEMORY_MISS = (
+    "Dubey et al. 2024 trained it without activation checkpointing (§3.3.2: 'we could pre-train Llama 3 on "
+    "sequences of 8K tokens without activation checkpointing'), having deallocated the tensors no later "
+    "computation uses, the pipeline stages' inputs and outputs included, and with their own schedule of N "
+    "contiguous micro-batches. The planner counts 101.7 GB (8,192 GPUs) and 87.6 GB (16,384) on the busiest "
+    "stage: 19.7 and 19.4 GB of model states plus one layer's activations (532.7 MB per micro-batch: Korthikanti's "
+    "tensors with SwiGLU and GQA, TP 8 with SP) × its 8 layers × the 19.25 and 16 micro-batches Megatron-LM's "
+    "interleaved schedule holds there. To fit the 80 GB Meta had, no more than 14.2 and 14.2 could be held. Neither "
+    "Meta's schedule nor its deallocation is modelled. The throughput, priced as trained, is 0.94 and 0.91, "
+    "inside the band (docs/planner.md)")
 
 
 TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
@@ -138,12 +139,12 @@ DSV3_PRICED = ("full: of 1 layer per stage (block), the fewest recomputed layers
 
 def _llama(gpus, dp, per_dp, tflops) -> Run:
     # first and last stage one layer fewer (Dubey et al. 2024 §3.3.2); interleaved schedule (v=4 assumed);
-    # block recomputation of the fewest layers that fit (LLAMA_405B_AC): without, the layout does not fit
+    # no activation checkpointing (§3.3.2), which the planner counts over the HBM (LLAMA_405B_MEMORY_MISS)
     return Run(f"Llama 3 405B, {gpus:,} H100s (Dubey 2024, Table 4)", Workload(L405, P.H100_SXM(gpus), dp * per_dp),
-               Plan(dp=dp, tp=8, pp=16, zero=1, micro_batch=1, accum=per_dp, recompute="full",
-                    stages=(7,) + (8,) * 14 + (7,), v=4, recompute_layers=1),
-               tflops * 1e12 * gpus / _palm(L405), miss=LLAMA_405B_MISS, published_ac="not stated",
-               priced_as=LLAMA_405B_AC)
+               Plan(dp=dp, tp=8, pp=16, zero=1, micro_batch=1, accum=per_dp, recompute="none",
+                    stages=(7,) + (8,) * 14 + (7,), v=4),
+               tflops * 1e12 * gpus / _palm(L405), published_ac="none (Dubey 2024, §3.3.2)",
+               memory_miss=LLAMA_405B_MEMORY_MISS)
 
 
 RUNS = (

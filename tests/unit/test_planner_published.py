@@ -28,7 +28,10 @@ def results():
 
 
 @pytest.mark.parametrize("run", RUNS, ids=IDS)
-def test_the_published_layout_fits(run, results):
+def test_the_published_layout_fits(run, results, request):
+    # a known memory miss: strict, so that a layout the planner comes to fit fails until its miss is dropped
+    if run.memory_miss:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="known memory miss, see docs/planner.md"))
     pred, _ = results[run.name]
     assert pred.fits, pred.problems
 
@@ -78,25 +81,31 @@ if __name__ == "__main__":
     print(table())
 
 
-def test_the_llama_405b_miss_is_written_with_its_figures():
-    # the reason in planner_published.LLAMA_405B_MISS, recomputed: no recomputation does not fit and
-    # would be within the band; block recomputation of the fewest layers that fit (the plan priced) and
-    # full recomputation fit and are predicted too slow
-    from dataclasses import replace
-
-    from parlab.planner_published import LLAMA_405B_MISS
+def test_the_llama_405b_memory_miss_is_written_with_its_figures():
+    # planner_published.LLAMA_405B_MEMORY_MISS, recomputed: priced as trained (no checkpointing, Dubey et al.
+    # 2024 §3.3.2), inside the band, but counted over the 80 GB of HBM; the count's parts
+    from parlab import cost
+    from parlab.planner_published import LLAMA_405B_MEMORY_MISS as MISS
     band = error_band()
-    for run, gb, ratio in zip(LLAMA_405B, ("101.7", "87.6"), ("0.94", "0.91")):
-        full = replace(run.plan, recompute_layers=0)
-        assert P.fewest_recomputed(full, run.work) == run.plan  # priced at the fewest layers that fit
-        none = P.predict(replace(full, recompute="none"), run.work)
-        assert not none.fits and f"{sum(none.memory.values()) / 1e9:.1f}" == gb and gb in LLAMA_405B_MISS
-        assert f"{none.tokens_per_second / run.reported:.2f}" == ratio and ratio in LLAMA_405B_MISS
-        for plan in (run.plan, full):
-            pred = P.predict(plan, run.work)
-            found = pred.tokens_per_second / run.reported
-            assert pred.fits and 1 - found > band and f"{found:.2f}" in LLAMA_405B_MISS
-            assert f"{sum(pred.memory.values()) / 1e9:.1f} " in LLAMA_405B_MISS
+    assert "without activation checkpointing" in MISS
+    fits = []
+    for run, gb, ratio, held in zip(LLAMA_405B, ("101.7", "87.6"), ("0.94", "0.91"), ("19.25", "16")):
+        assert run.plan.recompute == "none" and not run.miss and run.published_ac.startswith("none")
+        pred = P.predict(run.plan, run.work)
+        assert not pred.fits and sum(pred.memory.values()) > run.work.cluster.memory
+        assert f"{sum(pred.memory.values()) / 1e9:.1f}" == gb and gb in MISS
+        assert f"{pred.tokens_per_second / run.reported:.2f}" == ratio and ratio in MISS
+        assert abs(pred.tokens_per_second / run.reported - 1) <= band
+        stage = max(range(run.plan.pp), key=lambda r: sum(P.stage_memory(run.plan, run.work.model, r).values()))
+        n = P.stage_layers(run.plan, run.work.model)[stage]
+        got = cost.activations_held(run.plan.pp, run.plan.accum, "interleaved", rank=stage, v=run.plan.v)
+        assert f"{got:g}" == held and f"× its {n} layers" in MISS
+        mem = P.stage_memory(run.plan, run.work.model, stage)
+        per_layer = mem["activations"] / (n * got)
+        states = mem["weights"] + mem["grads"] + mem["optimizer"]
+        assert f"{per_layer / 1e6:.1f} MB per micro-batch" in MISS and f"{states / 1e9:.1f}" in MISS
+        fits.append(f"{(run.work.cluster.memory - states) / (n * per_layer):.1f}")
+    assert "the 19.25 and 16 micro-batches" in MISS and f"no more than {fits[0]} and {fits[1]} could be held" in MISS
 
 
 def test_each_run_states_its_checkpointing_and_why_it_is_priced_so():
