@@ -7,8 +7,8 @@ another Unix user), and the ``test_*`` functions below are what every way
 must show: each test module imports them and defines the ``graded``
 fixture they run on.
 tests/nbgrader/test_hostile_submissions.py grades it with ``parlab grade`` here,
-tests/slurm/test_grade_hostile_slurm.py as one Slurm array, and
-tests/nbgrader/test_hostile_non_root.py a part of it as an unprivileged user.
+tests/slurm/test_grade_hostile_slurm.py a part of it as one Slurm array, and
+tests/nbgrader/test_hostile_non_root.py another part as an unprivileged user.
 
 Each hostile submission is lab 00's solution with some answer cells
 replaced by an attack; an attack that worked would define the answer (and
