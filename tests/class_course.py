@@ -19,9 +19,17 @@ only those), with each answer cell holding the solution's code, except:
 
 ``serial_autograde`` grades a course the ordinary way, ``nbgrader autograde
 LAB --force`` then ``nbgrader generate_feedback LAB --force``.
+
+``SerialLab00`` is the one serial grading the class-grading tests compare
+``parlab grade`` with (tests/conftest.py's session fixture ``serial_lab00``):
+a course holding one lab 00 submission of each kind (``LAB00_KINDS``),
+graded the ordinary way in a thread while the test that first asks for it
+runs its own gradings; each test submits the very same notebooks, under the
+same student names, to its own course.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import importlib
 import inspect
 import json
@@ -31,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -134,6 +143,47 @@ def serial_autograde(root: Path, lab: str, env: dict | None = None, timeout: flo
         if proc.returncode != 0:
             raise RuntimeError(f"nbgrader {step} {lab} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
     return time.perf_counter() - start
+
+
+#: The good lab 00 submissions the class-grading tests compare with serial nbgrader, one of each
+#: kind, by student: right answers, the blank release, a wrong answer from tests/wrong_answers,
+#: and an answer cell that kills the kernel (the student's fault: the other exercises keep their points).
+LAB00_KINDS = {"ada": "right", "bo": "blank", "cy": "wrong weight_bytes", "di": "kills the kernel"}
+
+
+@dataclass
+class SerialLab00:
+    """A lab 00 course holding ``notebooks`` (one per ``LAB00_KINDS`` student), graded serially in a thread."""
+
+    root: Path
+    notebooks: dict
+    grading: concurrent.futures.Future
+
+    @classmethod
+    def start(cls, folder: Path) -> "SerialLab00":
+        """Make the course and submit; nbgrader grades it meanwhile (the callers' own runs wait on
+        launches and start-ups, so the two share the machine)."""
+        from wrong_answers import lab00 as wrong
+
+        lab = "00-setup"
+        root = make_course(folder, [lab])
+        notebooks = {"ada": notebook(lab, root), "bo": notebook(lab, root, blank=True),
+                     "cy": notebook(lab, root, wrong=("weight_bytes", wrong.weight_bits)),
+                     "di": notebook(lab, root, kill="training_state_bytes")}
+        assert set(notebooks) == set(LAB00_KINDS)
+        add_students(root, list(notebooks))
+        for student, nb in notebooks.items():
+            submit(root, student, lab, nb)
+        grading = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="serial-lab00").submit(
+            serial_autograde, root, lab)
+        return cls(root, notebooks, grading)
+
+    def graded(self) -> Path:
+        """The course root, once nbgrader has graded it (its error, if it failed)."""
+        seconds = self.grading.result()
+        print(f"serial nbgrader autograde + generate_feedback, {len(self.notebooks)} submissions "
+              f"(beside the first caller's runs): {seconds:.1f} s")
+        return self.root
 
 
 def gradebook_scores(root: Path, lab: str) -> dict[str, dict[str, tuple[float, float]]]:

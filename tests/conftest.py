@@ -166,6 +166,16 @@ def _record_verdicts():
     harness.grade_batch = original
 
 
+@pytest.fixture(scope="session")
+def serial_lab00(tmp_path_factory):
+    """One serial nbgrader grading of lab 00's good submissions (class_course.SerialLab00) for the
+    session: tests/nbgrader/test_grade_class.py and tests/slurm/test_grade_array.py compare
+    ``parlab grade`` (local, and as a Slurm array) with it."""
+    from class_course import SerialLab00
+
+    return SerialLab00.start(tmp_path_factory.mktemp("serial-lab00"))
+
+
 # ---------------------------------------------------------------- where the suite's time goes
 # pytest's --durations lists the slowest tests; a tier's or a module's whole cost (its many small
 # tests, its fixtures' setup) is what decides whether CI fits its budget, so every run ends with both.

@@ -5,9 +5,11 @@ answers, the blank release, a wrong answer from tests/wrong_answers, and
 one whose answer cell kills the kernel (the student's fault: it keeps the
 other exercises' points), plus bad input: invalid JSON, JSON that is not a
 notebook, a changed cell id, an unknown student, a roster student who
-handed in nothing.  A second course gets the same four good submissions and
-is graded the ordinary way, ``nbgrader autograde --force`` then
-``nbgrader generate_feedback --force``.
+handed in nothing.  The same four good submissions are graded the ordinary
+way, ``nbgrader autograde --force`` then ``nbgrader generate_feedback
+--force``, in the session's one serial grading (conftest.py's
+``serial_lab00``, shared with tests/slurm/test_grade_array.py), beside the
+runs below.
 
 The parallel course is graded with 2 workers while one worker is killed by
 its PID mid-way, then resumed.  Then every good submission has exactly one
@@ -29,22 +31,15 @@ from pathlib import Path
 import pytest
 
 from parlab.classgrade import run as scheduler
-from class_course import (add_students, blanked_feedback, gradebook_scores, make_course, notebook, serial_autograde, submit,
+from class_course import (LAB00_KINDS, add_students, blanked_feedback, gradebook_scores, make_course, notebook, submit,
                           tool_env, with_changed_cell_id)
 from nbgrader_harness import TOKEN_VAR, leftover_processes
-from wrong_answers import lab00 as wrong
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(900)]
 
 LAB = "00-setup"
-GOOD = ["ada", "bo", "cy", "di"]
+GOOD = ["ada", "bo", "cy", "di"]  # right, blank, wrong weight_bytes, kills the kernel (class_course.LAB00_KINDS)
 TOKEN = "grade-class-test"
-
-
-def good_notebooks(root):
-    return {"ada": notebook(LAB, root), "bo": notebook(LAB, root, blank=True),
-            "cy": notebook(LAB, root, wrong=("weight_bytes", wrong.weight_bits)),
-            "di": notebook(LAB, root, kill="training_state_bytes")}
 
 
 def grade(root: Path, *args: str, kill: str | None = None) -> tuple[int, str]:
@@ -63,23 +58,16 @@ def grade(root: Path, *args: str, kill: str | None = None) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def courses(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grade-class")
-    serial = make_course(base / "serial", [LAB])
-    parallel = make_course(base / "parallel", [LAB])
-    notebooks = good_notebooks(serial)  # the very same files in both courses
-    for root in (serial, parallel):
-        add_students(root, GOOD + ["ed", "fay", "gus", "hal"])  # ed hands in nothing
-        for student, nb in notebooks.items():
-            submit(root, student, LAB, nb)
+def courses(tmp_path_factory, serial_lab00):
+    assert set(GOOD) == set(LAB00_KINDS)
+    parallel = make_course(tmp_path_factory.mktemp("grade-class") / "parallel", [LAB])
+    add_students(parallel, GOOD + ["ed", "fay", "gus", "hal"])  # ed hands in nothing
+    for student in GOOD:
+        submit(parallel, student, LAB, serial_lab00.notebooks[student])  # the very files nbgrader grades
     submit(parallel, "fay", LAB, b'{"cells": [ not json')
     submit(parallel, "gus", LAB, b'{"hello": "world"}')
     submit(parallel, "hal", LAB, with_changed_cell_id(notebook(LAB, parallel), "weight_bytes-test", "mine"))
     submit(parallel, "ivy", LAB, notebook(LAB, parallel))  # not on the roster
-    start = time.perf_counter()
-    serial_autograde(serial, LAB)
-    print(f"\nserial nbgrader autograde + generate_feedback, {len(GOOD)} submissions: "
-          f"{time.perf_counter() - start:.1f} s")
     runs = {}
     for name, args, kill in (("killed", ("--workers", "2"), "ada"), ("resumed", ("--workers", "2", "--resume"), None),
                              ("again", ("--workers", "2"), None)):
@@ -88,7 +76,7 @@ def courses(tmp_path_factory):
         if name == "killed":
             runs["after kill"] = gradebook_scores(parallel, LAB)
         print(f"parlab grade ({name}): {time.perf_counter() - start:.1f} s\n{runs[name][1]}")
-    return serial, parallel, runs
+    return serial_lab00.graded(), parallel, runs
 
 
 def test_killed_worker_costs_only_its_submission(courses):

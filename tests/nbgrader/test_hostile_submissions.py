@@ -15,9 +15,10 @@ them; the attacks are listed there).  Then:
   non-loopback address; and no process of the run is left, under the
   run's token or under a box's uid.
 
-tests/slurm/test_grade_hostile_slurm.py checks the same through
-``parlab grade --slurm``, tests/nbgrader/test_hostile_non_root.py a part of it as an
-unprivileged user.
+tests/slurm/test_grade_hostile_slurm.py checks the submissions whose
+attacks meet the Slurm task's cgroups (h3, h4, then zz) through ``parlab
+grade --slurm``, tests/nbgrader/test_hostile_non_root.py a part of the class
+as an unprivileged user; every attack is checked here.
 """
 from __future__ import annotations
 

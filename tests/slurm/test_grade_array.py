@@ -1,9 +1,11 @@
 """``parlab grade LAB --slurm``: the class graded as a Slurm array job equals nbgrader graded serially.
 
-One course (lab 00) gets two submissions, right answers and a wrong one
-from tests/wrong_answers; a second course gets the same files and is
-graded the ordinary way (``nbgrader autograde --force``, then
-``generate_feedback``), in a thread beside the Slurm runs.  The first course is graded through the private
+One course (lab 00) gets two submissions, right answers (ada) and a wrong
+one from tests/wrong_answers (cy); the same files are graded the ordinary
+way (``nbgrader autograde --force``, then ``generate_feedback``) in the
+session's one serial grading (tests/conftest.py's ``serial_lab00``, which
+tests/nbgrader/test_grade_class.py shares; in a thread beside the Slurm runs
+when this module asks first).  The course is graded through the private
 cluster of conftest.py, one array task per submission:
 
 1. a run stopped with SIGTERM while a task grades: it cancels the array
@@ -19,7 +21,6 @@ tests/nbgrader/test_grade_class.py), Slurm that is not reachable or cannot hold 
 request is refused before anything is queued, and no process of any run is
 left (here, and conftest's check of squeue and the launches).
 """
-import concurrent.futures
 import contextlib
 import io
 import os
@@ -34,16 +35,15 @@ from pathlib import Path
 import pytest
 
 from parlab.classgrade import cli
-from class_course import (add_students, blanked_feedback, duplicate_grades, gradebook_scores, make_course, notebook,
-                          serial_autograde, submit, tool_env)
+from class_course import (LAB00_KINDS, add_students, blanked_feedback, duplicate_grades, gradebook_scores, make_course,
+                          submit, tool_env)
 from nbgrader_harness import TOKEN_VAR, leftover_processes
 from slurm_helpers import parlab_jobs
-from wrong_answers import lab00 as wrong
 
 pytestmark = [pytest.mark.slurm, pytest.mark.nbgrader, pytest.mark.timeout(600)]
 
 LAB = "00-setup"
-GOOD = ["ada", "bo"]
+GOOD = ["ada", "cy"]  # right; wrong weight_bytes (class_course.LAB00_KINDS)
 TOKEN = "grade-array-test"
 GRADING = re.compile(r"\s(\w+)\s+grading\s+task (\d+) of Slurm job (\d+)")
 
@@ -68,8 +68,8 @@ def stop_command(proc, student, task, job):
         proc.send_signal(signal.SIGTERM)
 
 
-def cancel_bo(proc, student, task, job):
-    if student == "bo":
+def cancel_cy(proc, student, task, job):
+    if student == "cy":
         time.sleep(3)  # inside nbgrader by then
         subprocess.run(["scancel", f"{job}_{task}"], check=True)
 
@@ -85,37 +85,28 @@ def grade_here(root: Path, *args: str) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
-def graded_serially(root: Path, notebooks: dict) -> float:
-    make_course(root, [LAB])
-    add_students(root, GOOD)
-    for student, nb in notebooks.items():
-        submit(root, student, LAB, nb)
-    return serial_autograde(root, LAB)
+def serial_scores(serial: Path) -> dict:
+    """The serial grading's scores of this module's students (it grades the other kinds too)."""
+    return {student: cells for student, cells in gradebook_scores(serial, LAB).items() if student in GOOD}
 
 
 @pytest.fixture(scope="module")
-def courses(tmp_path_factory):
-    base = tmp_path_factory.mktemp("grade-array")
-    array = make_course(base / "array", [LAB])
-    notebooks = {"ada": notebook(LAB, array), "bo": notebook(LAB, array, wrong=("weight_bytes", wrong.weight_bits))}
+def courses(tmp_path_factory, serial_lab00):
+    assert set(GOOD) <= set(LAB00_KINDS)
+    array = make_course(tmp_path_factory.mktemp("grade-array") / "array", [LAB])
     add_students(array, GOOD)
-    for student, nb in notebooks.items():
-        submit(array, student, LAB, nb)
-    # nbgrader grades the same files in another course meanwhile: the runs below wait on Slurm and
-    # on their tasks' start-up, and the whole test must stay cheap
-    serially = concurrent.futures.ThreadPoolExecutor(1).submit(graded_serially, base / "serial", notebooks)
+    for student in GOOD:
+        submit(array, student, LAB, serial_lab00.notebooks[student])  # the very files nbgrader grades
     runs = {}
     for name, args, hook in (("stopped", ("--cpus-per-task", "1"), stop_command),
-                             ("cancelled", ("--cpus-per-task", "1"), cancel_bo), ("resumed", (), None)):
+                             ("cancelled", ("--cpus-per-task", "1"), cancel_cy), ("resumed", (), None)):
         start = time.perf_counter()
         runs[name] = grade(array, *args, when_grading=hook)
         runs[f"{name}: squeue"] = parlab_jobs()
         runs[f"{name}: scores"] = gradebook_scores(array, LAB)
         print(f"parlab grade --slurm ({name}): {time.perf_counter() - start:.1f} s\n{runs[name][1]}")
     runs["again"] = grade_here(array)
-    print(f"serial nbgrader (make_course, autograde, generate_feedback), {len(GOOD)} submissions, beside "
-          f"the runs above: {serially.result():.1f} s")
-    return base / "serial", array, runs
+    return serial_lab00.graded(), array, runs
 
 
 def test_stopping_the_command_cancels_the_array(courses):
@@ -130,7 +121,7 @@ def test_a_cancelled_task_costs_only_its_submission(courses):
     _, _, runs = courses
     rc, out = runs["cancelled"]
     assert rc == 1, out
-    assert re.search(r"bo: Slurm task 1 of job \d+ ended while grading it: it was cancelled \(scancel\)", out), out
+    assert re.search(r"cy: Slurm task 1 of job \d+ ended while grading it: it was cancelled \(scancel\)", out), out
     assert set(runs["cancelled: scores"]) == {"ada"}, "a grader failure must not become a score"
     assert runs["cancelled: squeue"] == [], out
 
@@ -139,17 +130,17 @@ def test_the_next_run_grades_only_that_one_then_nothing(courses):
     _, _, runs = courses
     rc, out = runs["resumed"]
     assert rc == 0 and "1 to grade as a Slurm array of 1 task" in out, out
-    assert re.search(r"\sbo\s+done", out) and not re.search(r"\sada\s+(grading|done)", out), out
+    assert re.search(r"\scy\s+done", out) and not re.search(r"\sada\s+(grading|done)", out), out
     rc, out = runs["again"]
     assert rc == 0 and "0 to grade" in out and f"{len(GOOD)} unchanged" in out, out
 
 
 def test_scores_and_feedback_equal_serial_nbgrader(courses):
     serial, array, _ = courses
-    want, got = gradebook_scores(serial, LAB), gradebook_scores(array, LAB)
+    want, got = serial_scores(serial), gradebook_scores(array, LAB)
     assert set(want) == set(GOOD) and got == want
     assert all(s == m for s, m in got["ada"].values())
-    assert got["bo"]["weight_bytes-test"][0] == 0 and got["bo"]["hello-test"][0] > 0
+    assert got["cy"]["weight_bytes-test"][0] == 0 and got["cy"]["hello-test"][0] > 0
     assert duplicate_grades(array) == []
     for student in GOOD:
         name = f"feedback/{student}/{LAB}/{LAB}.html"
@@ -174,7 +165,7 @@ def test_slurm_that_cannot_take_the_array_is_refused_before_queuing(courses, tmp
     (tmp_path / "bwrap").symlink_to(shutil.which("bwrap"))  # the grading boundary's, checked first
     monkeypatch.setenv("PATH", str(tmp_path))
     assert "'sbatch', which is not on PATH" in refused(array)
-    assert gradebook_scores(array, LAB) == gradebook_scores(courses[0], LAB)  # conftest checks squeue after
+    assert gradebook_scores(array, LAB) == serial_scores(courses[0])  # conftest checks squeue after
     assert not (array / ".parlab-grade" / LAB / "slurm" / "job.json").exists()
 
 
