@@ -1,9 +1,12 @@
 """The lecture's scenario figures, drawn from ``parlab.planner`` and ``parlab.calculator``.
 
-``scenario_rows()`` asks ``planner.search`` for the best plan of every
-scenario in ``planner.SCENARIOS``; ``scenario_plans()`` draws them (memory per
-GPU stacked by kind against the GPU's capacity, the plan, the predicted
-tokens/s and, where the scenario has a token budget, the days to train).  For
+``scenario_rows()`` asks ``planner_band.band`` for the layouts of every
+scenario in ``planner.SCENARIOS`` that are predicted within the planner's error
+on published runs of the fastest (the band), and ``planner.search`` for the
+fastest; ``scenario_plans()`` draws them: how many layouts the band holds, the
+fastest one's memory per GPU stacked by kind against the GPU's capacity, its
+plan, its predicted tokens/s and, where the scenario has a token budget, the
+days to train.  The fastest is one plan of the band, not the answer.  For
 a scenario where nothing fits it draws the candidate plan that needs the
 least memory, hatched, and says why none fits (``planner.infeasible``).  ``calculator_report()`` is
 ``parlab.calculator.report`` for the plan the calculator starts on, with its
@@ -25,24 +28,28 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from parlab import cost, planner  # noqa: E402
+from parlab import cost, planner, planner_band  # noqa: E402
 from parlab.calculator import KIND_COLORS  # noqa: E402  (the calculator's colours, so both slides read alike)
 from parlab.calculator import report  # noqa: E402
 
 GB = 1e9
 KINDS = ("weights", "grads", "optimizer", "activations")
 CALCULATOR_SCENARIO = "70B on 64 H100s"  # what the slide starts the calculator on
+TEXT_X = 0.1  # where the side's plan text starts, right of the band's count
+COUNT_X = 0.08  # where the band's count ends
 MEMORY_REASON = "needs more memory per GPU than a plan may use"  # planner.infeasible's key for memory
 
 
 @dataclass(frozen=True)
 class ScenarioRow:
-    """One scenario: its workload and best prediction, or (nothing fits) the least-memory candidate."""
+    """One scenario: its workload, its band and best prediction, or (nothing fits) the least-memory
+    candidate."""
 
     name: str
     work: planner.Workload
     best: planner.Prediction | None
     closest: planner.Prediction | None = None  # only when best is None
+    band: planner_band.Band | None = None  # the layouts within the error band; None when nothing fits
 
     @property
     def shown(self) -> planner.Prediction:
@@ -73,7 +80,8 @@ def scenario_rows() -> list[ScenarioRow]:
     rows = []
     for name, work in planner.SCENARIOS.items():
         best = planner.search(work)
-        rows.append(ScenarioRow(name, work, best, None if best is not None else closest_candidate(work)))
+        rows.append(ScenarioRow(name, work, best, None if best is not None else closest_candidate(work),
+                                planner_band.band(work)))
     return rows
 
 
@@ -98,14 +106,15 @@ def _row_text(row: ScenarioRow) -> tuple[str, str]:
 
 
 def scenario_plans(rows: list[ScenarioRow] | None = None):
-    """Per scenario, the best plan's memory per GPU by kind against the capacity, and its prediction."""
+    """Per scenario, how many layouts lie within the planner's error band of the fastest, and the
+    fastest plan's memory per GPU by kind against the capacity and its prediction."""
     rows = scenario_rows() if rows is None else rows
     capacity = {row.work.cluster.memory for row in rows}
     if len(capacity) != 1:
         raise ValueError(f"the scenarios have GPUs of different sizes ({sorted(capacity)}): one line "
                          "cannot show every capacity")
     cap = capacity.pop() / GB
-    fig, (ax, side) = plt.subplots(1, 2, figsize=(13, 4.1), gridspec_kw={"width_ratios": [1, 1.4]},
+    fig, (ax, side) = plt.subplots(1, 2, figsize=(14, 4.3), gridspec_kw={"width_ratios": [1, 1.6]},
                                    layout="constrained", sharey=True)
     plt.close(fig)
     for y, row in enumerate(rows):
@@ -119,10 +128,13 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
         if row.best is None:
             ax.text(left + 2, y, f"{left:.0f} GB\nat least", va="center", fontsize=11, color="#c0392b",
                     fontweight="bold")
+        if row.band is not None:  # the band's size, the figure's point: the fastest is one plan of it
+            side.text(COUNT_X, y, f"{len(row.band.choices)}", va="center", ha="right", fontsize=17,
+                      fontweight="bold", color="#1f4e79")
         first, second = _row_text(row)
-        side.text(0.0, y - 0.19, first, va="center", fontsize=12,
+        side.text(TEXT_X, y - 0.19, first, va="center", fontsize=12,
                   color="black" if row.best else "#c0392b", fontweight=None if row.best else "bold")
-        side.text(0.0, y + 0.22, second, va="center", fontsize=11.5 if len(second) <= 64 else 10,
+        side.text(TEXT_X, y + 0.22, second, va="center", fontsize=11.5 if len(second) <= 64 else 10,
                   color="#333333")
     ax.axvline(cap, color="#c0392b", ls="--", lw=1.6)
     ax.text(cap + 2, -0.6, f"{cap:.0f} GB per GPU", color="#c0392b", ha="left", va="center", fontsize=11)
@@ -139,10 +151,16 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
         ax.spines[spine].set_visible(False)
     side.axis("off")
     side.set_xlim(0, 1)
+    error = "/".join(sorted({f"±{row.band.error:.0%}" for row in rows if row.band is not None}))
+    side.text(COUNT_X, -0.7, f"layouts\nwithin {error}", ha="right", va="center", fontsize=9.5,
+              color="#1f4e79", fontweight="bold", linespacing=1.0)
+    side.text(TEXT_X, -0.6, "the fastest of them (one plan of the band, not the answer)", va="center",
+              fontsize=10.5, color="#555555")
     eff = "/".join(sorted({f"{row.work.cluster.efficiency:.0%}" for row in rows}))
     room = "/".join(sorted({f"{row.work.cluster.headroom:.0%}" for row in rows}))
-    fig.suptitle(f"the fastest plan that fits, by parlab.planner.search\n(predicted by planner v3: GEMMs at {eff} "
-                 f"of peak × a shape factor, traffic overlapped where Megatron overlaps it, ≤ {room} of HBM)",
+    fig.suptitle(f"a band, not a winner: the layouts predicted within the planner's {error} error of the fastest "
+                 "(parlab.planner_band.band), and the fastest's memory\n(predicted by planner v3: GEMMs at "
+                 f"{eff} of peak × a shape factor, traffic overlapped where its framework overlaps it, ≤ {room} of HBM)",
                  fontsize=11.5)
     return fig
 

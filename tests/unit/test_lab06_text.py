@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "solutions" / "06-3d-parallel" / "06-3d-parallel.ipynb"
 # Numbers the prose cites from outside the notebook (with their source in the prose itself).
-CITED = {"6.4", "2,048", "5,762", "1.73", "3.1"}
+CITED = {"6.4", "2,048", "5,762", "1.73", "3.1",
+         "8,192",  # NeMo's and torchtitan's Llama 3 70B sequence length, from their recipe files
+         "1.3", "54.2", "42.1", "2,240", "2205.05198"}  # Korthikanti et al. 2022's measured gain
 NUMBER = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+(?![\d,])|(?<![\w.])\d+\.\d+(?!\d)")
 
 
@@ -57,3 +59,11 @@ def test_prose_numbers_are_printed_by_the_notebook():
             if number not in CITED and number not in printed:
                 missing.append(number)
     assert not missing, f"lab 06 states numbers its cells do not print: {missing}"
+
+
+def test_prose_counts_the_published_runs_it_refers_to():
+    from parlab import planner_published
+
+    _, prose = _printed_and_prose()
+    words = {9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
+    assert f"`docs/planner.md` gives all {words[len(planner_published.RUNS)]} runs" in "\n".join(prose)
