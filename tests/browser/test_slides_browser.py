@@ -29,6 +29,7 @@ ARTIFACTS = REPO / "test-artifacts" / "slides"
 # besides the first slide: those that carry the deck's densest figures
 CHOSEN = ("Ring all-reduce, step by step", "GPipe and 1F1B: same bubble, less memory",
           "9 · Practical scenarios: choosing the axes", "What the planner says: six scenarios on H100s",
+          "70B on 64: a band, not a winner",
           "A calculator to keep")
 SLACK_PX = 4  # rounding in reveal's layout
 
