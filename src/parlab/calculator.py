@@ -13,7 +13,8 @@ presets; the sliders change the rest.  Every change redraws the memory of the
 busiest GPU (the busiest pipeline stage), split into weights, gradients,
 optimizer states and activations, against the GPU's capacity and the share of
 it a plan may use (``Cluster.headroom``), and lists the predicted step time by
-part (compute, bubble, TP, CP, PP, DP), throughput and time to train, or every
+part (compute, then each of bubble, TP, CP, PP, EP, DP, the calibrated model's memory-bound kernels and
+optimizer step, and the MFU cap that is not zero), throughput and time to train, or every
 reason the layout cannot run.  "Best plan" sets the sliders to
 ``planner.search``'s answer.  The numbers are ``parlab.planner``'s model (see
 its docstring for what it counts and what it leaves out).
@@ -34,6 +35,10 @@ __all__ = ["calculator", "report", "Calculator"]
 
 KIND_COLORS = {  # one colour per kind of memory, shared with the slides
 "weights": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868", "activations": "#c44e52"}
+# the step's parts after compute, each shown when it is not zero (planner.step_time): the calibrated model's
+# memory-bound kernels and optimizer step, and the time the MFU cap adds (planner.capped_time)
+STEP_PARTS = (("memory", "memory-bound"), ("bubble", "bubble"), ("tp", "TP"), ("cp", "CP"), ("pp", "PP"),
+              ("ep", "EP"), ("dp", "DP"), ("optimizer", "optimizer step"), ("cap", "MFU cap"))
 
 
 def _with(options: list, value) -> list:
@@ -80,8 +85,8 @@ def report(plan: Plan, work: Workload):
              f"on the busiest GPU, of the {usable:.0f} GB a plan may use ({work.cluster.headroom:.0%} of "
              f"{cap:.0f} GB)"]
     if t is not None:
-        lines.append(f"step {t['total']:.2f} s = compute {t['compute']:.2f} + bubble {t['bubble']:.2f} "
-                     f"+ TP {t['tp']:.2f} + CP {t['cp']:.2f} + PP {t['pp']:.2f} + DP {t['dp']:.2f}")
+        parts = "".join(f" + {label} {t[key]:.2f}" for key, label in STEP_PARTS if t[key] > 0)
+        lines.append(f"step {t['total']:.2f} s = compute {t['compute']:.2f}{parts}")
         lines.append(f"{guess.tokens_per_second:,.0f} tokens/s (communication counted where it is exposed)")
     if t is not None and work.tokens:
         lines.append(f"time to train on {work.tokens:.3g} tokens: "

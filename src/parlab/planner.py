@@ -103,15 +103,16 @@ node's GPUs and grows with the group as the depth of NCCL's tree, log2(n)
 (``group_latency``); point-to-point hops (PP, CP's ring) pay it once.  DP's
 gradient buckets are Megatron-Core's default, max(40M, 1M·dp) parameters each
 (``DistributedDataParallelConfig.bucket_size``).
+In both time models, ``cap`` is what keeps a plan's MFU (``cost.mfu``, PaLM's convention) under
+``Cluster.best_mfu``, the best published for its GPU generation, without changing the order of
+plans (``capped_time``: above ``CAP_KNEE`` of that MFU the predicted share is bent towards it).
 With ``Cluster(calibrated=True)`` (issue 30, item 3; not the default: docs/planner.md measures the
-band both ways and why its cap, a clamp, ties the lecture's fastest plans) three more terms:
+band both ways) two more terms:
   memory    the memory-bound kernels at ``Cluster.hbm_bandwidth`` (``_memory_bound_bytes``: norms,
             residual adds, the MLP's activation, dropout, stored scores' softmax; the loss over
             fp32 logits on the last stage), part of each micro-batch's stage time;
   optimizer the optimizer step, once per step: ``optimizer_bytes`` (18 read, 14 written) per
             parameter this GPU updates, at the HBM's bandwidth;
-  cap       what keeps the plan's MFU (``cost.mfu``, PaLM's convention) at or under
-            ``Cluster.best_mfu``, the best published for its GPU generation;
 and fused causal attention timed at half the score FLOPs (``_attention_flops``).
 Left out: NCCL's algorithm choice for bandwidth (ring assumed; tree, NVLS, PAT), congestion between axes sharing
 a link, kernel launch gaps, stragglers, the optimizer step's own time (unless calibrated), the
@@ -346,14 +347,14 @@ class Cluster:
     HBM a plan may use.  ``hbm_bandwidth``: the HBM's bytes/s (datasheet), at which the
     memory-bound kernels and the optimizer step are timed (a datasheet peak: real kernels
     reach less, so that time is a lower bound).  ``best_mfu``: the best model-FLOPs
-    utilisation published for the GPU generation; no plan is predicted above it (Hopper:
+    utilisation published for the GPU generation; no plan is predicted at or above it (Hopper:
     47 %, Megatron-Core's "up to 47 % MFU on H100", NVIDIA Megatron-LM README; Ampere:
     58.2 %, torchtitan's Llama 3 8B with FSDP on 64 A100s, docs/performance.md at 1d5815c).
     ``calibrated``: True times the memory-bound kernels and the optimizer step from
-    ``hbm_bandwidth``, fused causal attention at its real work (half the scores) and caps
-    the MFU at ``best_mfu`` (issue 30, item 3); False (the default) is planner v3's
-    time model, which the labs and the deck quote.  docs/planner.md measures the band both ways and
-    says why the calibrated model is not the default (the cap ties every plan it binds on).
+    ``hbm_bandwidth`` and fused causal attention at its real work (half the scores) (issue 30,
+    item 3); False (the default) is planner v3's time model, which the labs and the deck quote.
+    Both cap the MFU (``capped_time``).  docs/planner.md measures the band both ways and says
+    why the calibrated model is not the default (its band is wider).
     """
 
     gpus: int
@@ -969,6 +970,28 @@ def optimizer_time(plan: Plan, work: Workload, stage: int) -> float:
     return updated * optimizer_bytes(plan) / c.hbm_bandwidth
 
 
+CAP_KNEE = 0.8  # where the MFU cap starts to bend, as a share of Cluster.best_mfu: an assumption (docs/planner.md)
+
+
+def capped_time(uncapped: float, floor: float) -> float:
+    """A step's seconds with the MFU cap applied, keeping the order of plans.
+
+    ``floor`` is the step at ``Cluster.best_mfu``, the best MFU published for the GPU generation.
+    With x = floor / uncapped (the plan's MFU as a share of that best), a plan at or below
+    ``CAP_KNEE`` keeps its time; above it the share is bent to
+    y = k + (1 − k)·(1 − exp(−(x − k)/(1 − k))), which meets x at the knee with the same slope,
+    rises with x and never reaches 1.  Every plan stays under the best published MFU, and a
+    plan faster than another before the cap is still faster after it (a clamp would tie them).
+    """
+    x = floor / uncapped
+    k = CAP_KNEE
+    if x <= k:
+        return uncapped
+    if k >= 1:
+        return floor
+    return floor / (k + (1 - k) * (1 - math.exp(-(x - k) / (1 - k))))
+
+
 def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     """Seconds per optimizer step, by part (exposed time): compute, memory (memory-bound kernels), bubble,
     tp, cp, pp, ep, dp, optimizer, cap (what the MFU cap adds); and total.  Each parallel axis's time is
@@ -1006,7 +1029,7 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     # ---- no plan faster than the best MFU published for its GPU generation (Cluster.best_mfu)
     floor = (cost.model_flops_per_token(m.active_params, m.layers, h, s) * work.global_batch * s
              / (plan.gpus * c.peak_flops * c.best_mfu))
-    parts["cap"] = max(0.0, floor - sum(parts.values())) if c.calibrated else 0.0
+    parts["cap"] = capped_time(sum(parts.values()), floor) - sum(parts.values())
     parts["total"] = sum(parts.values())
     return parts
 

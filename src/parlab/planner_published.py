@@ -104,16 +104,16 @@ LLAMA_405B_MEMORY_MISS = (
     "stage: 19.7 and 19.4 GB of model states plus one layer's activations (532.7 MB per micro-batch: Korthikanti's "
     "tensors with SwiGLU and GQA, TP 8 with SP) × its 8 layers × the 19.25 and 16 micro-batches Megatron-LM's "
     "interleaved schedule holds there. To fit the 80 GB Meta had, no more than 14.2 and 14.2 could be held. Neither "
-    "Meta's schedule nor its deallocation is modelled. The throughput, priced as trained, is 0.94 and 0.91, "
+    "Meta's schedule nor its deallocation is modelled. The throughput, priced as trained, is 0.93 and 0.91, "
     "inside the band (docs/planner.md)")
 
 
 TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
                     "matmul FLOPs) and its elementwise ops, so its compute lies between none and full; without "
                     "recomputation the planner counts 99.5 GB, over the 96 GB HBM, against 88.5 GB (82.4 GiB) "
-                    "measured, and predicts 1.57; under full, 33.0 GB and 1.19, the planner's lowest prediction "
+                    "measured, and predicts 1.28; under full, 33.0 GB and 1.16, the planner's lowest prediction "
                     "for this run")
-TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none and full both predict 0.86 "
+TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none and full both predict 0.85 "
                     "(ZeRO-3's exposed all-gathers take the time full recomputation adds), so any share does")
 
 

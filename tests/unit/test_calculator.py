@@ -18,7 +18,8 @@ def test_it_starts_on_the_best_plan_of_the_scenario():
     assert calc.summary.value.startswith("<b>fits</b>") and "busiest GPU" in calc.summary.value
     assert "of the 72 GB a plan may use (90% of 80 GB)" in calc.summary.value
     time = planner.predict(best, planner.SCENARIOS["70B on 64 H100s"]).time
-    assert f"bubble {time['bubble']:.2f}" in calc.summary.value and f"CP {time['cp']:.2f}" in calc.summary.value
+    assert f"bubble {time['bubble']:.2f}" in calc.summary.value and f"MFU cap {time['cap']:.2f}" in calc.summary.value
+    assert time["cp"] == 0 and "CP" not in calc.summary.value  # a part that is zero is left out
     assert "busiest GPU" in calc.last_figure.axes[0].get_xlabel()
     bars = calc.last_figure.axes[0].patches
     assert [round(b.get_width(), 3) for b in bars] == \
@@ -76,6 +77,17 @@ def test_report_lists_every_problem():
     work = planner.SCENARIOS["7B on 8 H100s"]
     _, text = report(planner.Plan(dp=1, tp=16, pp=1, micro_batch=1, accum=256), work)
     assert text.count("✗") == 2 and "inside a node" in text and "cluster has 8 GPUs" in text
+
+
+def test_the_step_line_adds_up_with_the_mfu_cap_named():
+    import re
+    work = planner.SCENARIOS["70B on 64 H100s"]
+    best = planner.search(work)
+    _, text = report(best.plan, work)
+    line = next(x for x in text.split("<br>") if x.startswith("step "))
+    total, *parts = (float(v) for v in re.findall(r"\d+\.\d+", line))
+    assert best.time["cap"] > 0 and "+ MFU cap" in line
+    assert sum(parts) == pytest.approx(total, abs=0.01 * len(parts))
 
 
 def test_bad_start_is_refused():

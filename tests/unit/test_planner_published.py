@@ -89,7 +89,7 @@ def test_the_llama_405b_memory_miss_is_written_with_its_figures():
     band = error_band()
     assert "without activation checkpointing" in MISS
     fits = []
-    for run, gb, ratio, held in zip(LLAMA_405B, ("101.7", "87.6"), ("0.94", "0.91"), ("19.25", "16")):
+    for run, gb, ratio, held in zip(LLAMA_405B, ("101.7", "87.6"), ("0.93", "0.91"), ("19.25", "16")):
         assert run.plan.recompute == "none" and not run.miss and run.published_ac.startswith("none")
         pred = P.predict(run.plan, run.work)
         assert not pred.fits and sum(pred.memory.values()) > run.work.cluster.memory
