@@ -11,7 +11,8 @@ a scenario where nothing fits it draws the candidate plan that needs the
 least memory, hatched, and says why none fits (``planner.infeasible``).  ``calculator_report()`` is
 ``parlab.calculator.report`` for the plan the calculator starts on, with its
 text drawn under the bars.  These are predictions of planner v3's model (GEMMs
-at ``Cluster.efficiency`` of peak times a shape factor, each axis's traffic
+at ``Cluster.efficiency`` of peak times a shape factor, the MFU under ``Cluster.best_mfu``
+(``planner.capped_time``), each axis's traffic
 overlapped where Megatron-LM/FSDP overlap it, a latency per collective, plans
 within ``Cluster.headroom`` of HBM; see its docstring for what it leaves out),
 not measurements.
@@ -158,10 +159,11 @@ def scenario_plans(rows: list[ScenarioRow] | None = None):
               fontsize=10.5, color="#555555")
     eff = "/".join(sorted({f"{row.work.cluster.efficiency:.0%}" for row in rows}))
     room = "/".join(sorted({f"{row.work.cluster.headroom:.0%}" for row in rows}))
+    best = "/".join(sorted({f"{row.work.cluster.best_mfu:.0%}" for row in rows}))
     fig.suptitle(f"a band, not a winner: the layouts predicted within the planner's {error} error of the fastest "
                  "(parlab.planner_band.band), and the fastest's memory\n(predicted by planner v3: GEMMs at "
-                 f"{eff} of peak × a shape factor, traffic overlapped where its framework overlaps it, ≤ {room} of HBM)",
-                 fontsize=11.5)
+                 f"{eff} of peak × a shape factor, MFU under the best published ({best}), traffic overlapped "
+                 f"where its framework overlaps it, ≤ {room} of HBM)", fontsize=11.5)
     return fig
 
 

@@ -50,6 +50,16 @@ def test_seventy_b_on_64_is_a_band_with_the_practitioners_layouts_in_it(bands):
     assert megatron is not None and fsdp is not None
     assert fsdp.plan.micro_batch > 1 and fsdp.plan.recompute == "none"
     assert "plans within" in str(got)
+    # docs/planner.md names the practitioners' recipes and where they sit in the band
+    from pathlib import Path
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text().split())
+    work = planner.SCENARIOS["70B on 64 H100s"]
+    nemo = planner.predict(planner.Plan(dp=4, tp=4, pp=4, zero=1, v=5, micro_batch=1,
+                                        accum=work.global_batch // 4), work)
+    assert f"the band holds {len(got.choices)} layouts" in doc and "llama3_70b.py" in doc and "llama3_70b.toml" in doc
+    assert f"dp 4 × tp 4 × pp 4 with ZeRO-1, is at {megatron.share:.3f} of the fastest" in doc
+    assert f"at {nemo.tokens_per_second / got.best.prediction.tokens_per_second:.3f}" in doc
+    assert f"dp 8 × tp 8 with ZeRO-3 is at {fsdp.share:.3f}" in doc
 
 
 def test_bad_error_gets_a_clear_error():
