@@ -89,11 +89,13 @@ cull_timeout = int(os.environ.get("PARLAB_HUB_CULL_TIMEOUT", "3600"))
 # after class gives its memory back within the hour.  The culler counts activity
 # of the server (kernels running, the page open), so a running launch is not idle.
 # Culling in the middle of a launch is safe: CourseSpawner.stop ends what is left.
-c.JupyterHub.services = [
-    {"name": "idle-culler",
-     "command": [sys.executable, "-m", "jupyterhub_idle_culler",
-                 f"--timeout={cull_timeout}", "--cull-every=60"]},
-]
+# The hub stops a managed service with SIGINT and waits 30 s before SIGTERM.  A hub started from a
+# shell's background job (``nohup ... &``) passes SIGINT on ignored, and Python then leaves it ignored:
+# the culler would hold every hub shutdown for those 30 s.  So it restores Python's handler first.
+CULLER_COMMAND = [sys.executable, "-c", "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "from jupyterhub_idle_culler import main; main()",
+                  f"--timeout={cull_timeout}", "--cull-every=60"]
+c.JupyterHub.services = [{"name": "idle-culler", "command": CULLER_COMMAND}]
 c.JupyterHub.load_roles = [
     {"name": "idle-culler", "services": ["idle-culler"],
      "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"]},
