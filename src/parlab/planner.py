@@ -987,8 +987,6 @@ def capped_time(uncapped: float, floor: float) -> float:
     k = CAP_KNEE
     if x <= k:
         return uncapped
-    if k >= 1:
-        return floor
     return floor / (k + (1 - k) * (1 - math.exp(-(x - k) / (1 - k))))
 
 
@@ -1029,7 +1027,8 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     # ---- no plan faster than the best MFU published for its GPU generation (Cluster.best_mfu)
     floor = (cost.model_flops_per_token(m.active_params, m.layers, h, s) * work.global_batch * s
              / (plan.gpus * c.peak_flops * c.best_mfu))
-    parts["cap"] = capped_time(sum(parts.values()), floor) - sum(parts.values())
+    uncapped = sum(parts.values())
+    parts["cap"] = capped_time(uncapped, floor) - uncapped
     parts["total"] = sum(parts.values())
     return parts
 

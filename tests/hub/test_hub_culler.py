@@ -15,19 +15,12 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.hub, pytest.mark.timeout(120)]
 
 
-def _culler_command(tmp_path) -> list[str]:
+def _culler_command(tmp_path, monkeypatch) -> list[str]:
     from traitlets.config import Config
 
     config = Config()
-    old = os.environ.get("PARLAB_HUB_STATE")
-    os.environ["PARLAB_HUB_STATE"] = str(tmp_path / "state")
-    try:
-        found = runpy.run_path(str(REPO / "hub" / "jupyterhub_config.py"), init_globals={"get_config": lambda: config})
-    finally:
-        if old is None:
-            os.environ.pop("PARLAB_HUB_STATE")
-        else:
-            os.environ["PARLAB_HUB_STATE"] = old
+    monkeypatch.setenv("PARLAB_HUB_STATE", str(tmp_path / "state"))
+    found = runpy.run_path(str(REPO / "hub" / "jupyterhub_config.py"), init_globals={"get_config": lambda: config})
     service = next(s for s in config.JupyterHub.services if s["name"] == "idle-culler")
     assert service["command"] == found["CULLER_COMMAND"]
     return service["command"]
@@ -53,8 +46,8 @@ def _stops_at_sigint(command: list[str]) -> float | None:
             proc.wait()
 
 
-def test_the_culler_stops_at_sigint_though_started_with_it_ignored(tmp_path):
-    command = _culler_command(tmp_path)
+def test_the_culler_stops_at_sigint_though_started_with_it_ignored(tmp_path, monkeypatch):
+    command = _culler_command(tmp_path, monkeypatch)
     assert _stops_at_sigint(command) is not None
     # the plain command, as JupyterHub's docs give it, keeps running: what the wrapper is for
     plain = [sys.executable, "-m", "jupyterhub_idle_culler", *command[3:]]
