@@ -55,16 +55,25 @@ def test_a_quiet_launch_draws_no_rank_grid(shown):
     assert shown == []
 
 
+def shown_headings(grid) -> list[str]:
+    return [box.children[0].value for box in grid.children if box.layout.display != "none"]
+
+
 def test_a_rank_area_appears_only_once_that_rank_prints(shown):
     sink = output.WidgetSink(4)
     sink.line(2, "out", "hi from 2")
     assert len(shown) == 1
     grid = shown[0].children[0]
-    assert [box.children[0].value for box in grid.children] == ["<b>rank 2</b>"]
+    assert shown_headings(grid) == ["<b>rank 2</b>"]
+    cells = grid.children
     sink.line(0, "err", "warning from 0")
     sink.line(2, "out", "again")
-    assert [box.children[0].value for box in grid.children] == ["<b>rank 0</b>", "<b>rank 2</b>"]
+    assert shown_headings(grid) == ["<b>rank 0</b>", "<b>rank 2</b>"]
     assert len(shown) == 1  # one box, drawn once
+    # The tree is never rebuilt (a rebuilt one showed a rank's line twice in JupyterLab).
+    assert grid.children is cells and shown[0].children[0] is grid
+    assert [o["text"] for o in sink.areas[2].outputs] == ["hi from 2\n", "again\n"]
+    assert [o["name"] for o in sink.areas[0].outputs] == ["stderr"]
 
 
 def test_widget_progress_is_one_line_updated_in_place(shown):
@@ -72,7 +81,7 @@ def test_widget_progress_is_one_line_updated_in_place(shown):
     for tenth in range(0, 300):
         sink.progress(tenth / 10, [1] if tenth > 200 else [])
     assert len(shown) == 1
-    status = shown[0].children[0]
+    status = shown[0].children[1]
     assert "29 s, rank(s) 1 finished; waiting for 0" in status.value
     sink.finish(31.0)
     assert "finished after 31 s" in status.value
@@ -81,8 +90,18 @@ def test_widget_progress_is_one_line_updated_in_place(shown):
 def test_progress_and_rank_areas_share_one_display(shown):
     sink = output.WidgetSink(2)
     sink.progress(11.0, [])
+    grid, status = shown[0].children
+    assert shown_headings(grid) == [] and "11 s" in status.value
     sink.line(1, "out", "late first line")
-    assert len(shown) == 1 and len(shown[0].children) == 2  # the grid, then the progress line
+    assert len(shown) == 1 and shown[0].children == (grid, status)  # the grid, then the progress line
+    assert shown_headings(grid) == ["<b>rank 1</b>"]
+
+
+def test_a_launch_without_progress_leaves_no_finished_line(shown):
+    sink = output.WidgetSink(2)
+    sink.line(0, "out", "quick")
+    sink.finish(2.0)
+    assert shown[0].children[1].layout.display == "none"
 
 
 def test_widgets_only_from_the_main_thread(monkeypatch):

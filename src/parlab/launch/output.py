@@ -142,39 +142,45 @@ class TextSink(OutputSink):
 
 
 class WidgetSink(OutputSink):
-    """One scrolling output area per rank, side by side, drawn once that rank prints.
+    """One scrolling output area per rank, side by side, shown once that rank prints.
 
     Everything lives in one box, displayed the first time there is something
     to show (a rank's line or the progress line), so a quiet launch draws
     nothing and the kernel's own later output lands below the box.
+
+    The widget tree is built whole at that first moment, one hidden area per
+    rank, and never rebuilt: a rank's first line only unhides its area.
+    Re-assigning a box's ``children`` while lines stream in makes the front end
+    remove and re-create views of the same Output widget, and a launch that did
+    that once showed a rank's line twice in JupyterLab (CI, stop 38).
     """
 
     def __init__(self, nproc: int):
         super().__init__(nproc)
-        self.areas = {}
-        self.box = self.grid = self.status = None
+        self.areas = []  # rank -> its Output widget, once the box exists
+        self.cells = []  # rank -> the (heading, area) box, hidden until that rank prints
+        self.box = self.status = None
 
     def _show(self) -> None:
+        if self.box is not None:
+            return
         import ipywidgets as w
         from IPython.display import display
 
-        if self.box is None:
-            self.box = w.VBox([], layout=w.Layout(margin="0 0 6px 0"))
-            display(self.box)
-        self.box.children = tuple(x for x in (self.grid, self.status) if x is not None)
+        self.areas = [w.Output(layout=w.Layout(max_height="220px", overflow="auto", border="1px solid #ccc"))
+                      for _ in range(self.nproc)]
+        self.cells = [w.VBox([w.HTML(f"<b>rank {rank}</b>"), area], layout=w.Layout(display="none"))
+                      for rank, area in enumerate(self.areas)]
+        columns = min(self.nproc, 4)
+        grid = w.GridBox(self.cells, layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)"))
+        self.status = w.HTML(layout=w.Layout(display="none"))  # shown by the first progress line
+        self.box = w.VBox([grid, self.status], layout=w.Layout(margin="0 0 6px 0"))
+        display(self.box)
 
     def _area(self, rank: int):
-        import ipywidgets as w
-
-        if rank not in self.areas:
-            if self.grid is None:
-                columns = min(self.nproc, 4)
-                self.grid = w.GridBox([], layout=w.Layout(grid_template_columns=f"repeat({columns}, 1fr)"))
-                self._show()
-            self.areas[rank] = w.Output(layout=w.Layout(max_height="220px", overflow="auto",
-                                                        border="1px solid #ccc"))
-            self.grid.children = tuple(w.VBox([w.HTML(f"<b>rank {r}</b>"), self.areas[r]])
-                                       for r in sorted(self.areas))
+        self._show()
+        if self.cells[rank].layout.display == "none":
+            self.cells[rank].layout.display = None
         return self.areas[rank]
 
     def write(self, rank: int, stream: str, text: str) -> None:
@@ -185,16 +191,13 @@ class WidgetSink(OutputSink):
             area.append_stderr(text + "\n")
 
     def show_progress(self, text: str) -> None:
-        if self.status is None:
-            import ipywidgets as w
-
-            self.status = w.HTML()
-            self._show()
+        self._show()
         self.status.value = f"<i>{html.escape(text)}</i>"
+        self.status.layout.display = None
 
     def finish(self, elapsed: float | None = None) -> None:
         super().finish(elapsed)
-        if self.status is not None and elapsed is not None:
+        if self.status is not None and self.status.layout.display != "none" and elapsed is not None:
             self.status.value = f"<i>parlab: finished after {elapsed:.0f} s</i>"
 
 
