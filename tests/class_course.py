@@ -29,6 +29,7 @@ same student names, to its own course.
 """
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import importlib
 import inspect
@@ -38,6 +39,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,14 +56,28 @@ def tool_env(**extra) -> dict:
     return env
 
 
+#: {labs: a course generated once in this process}: generating costs an nbgrader process (about 6 s).
+_GENERATED: dict[tuple[str, ...], Path] = {}
+
+
 def make_course(root: Path, labs: list[str], timeout: float = 300) -> Path:
-    """A course root holding the repository's config and these labs, generated (gradebook included)."""
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "nbgrader_config.py", root / "nbgrader_config.py")
-    for lab in labs:
-        shutil.copytree(REPO / "solutions" / lab, root / "solutions" / lab,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    _run_here("release", root, labs, tool_env(), timeout)
+    """A course root holding the repository's config and these labs, generated (gradebook included).
+
+    The first course of a set of labs is generated with nbgrader; later ones are
+    copies of it (the generated files and gradebook.db hold no absolute path).
+    """
+    key = tuple(labs)
+    if key not in _GENERATED:
+        template = Path(tempfile.mkdtemp(prefix="parlab-course-")) / "course"
+        template.mkdir()
+        atexit.register(shutil.rmtree, template.parent, True)
+        shutil.copy(REPO / "nbgrader_config.py", template / "nbgrader_config.py")
+        for lab in labs:
+            shutil.copytree(REPO / "solutions" / lab, template / "solutions" / lab,
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        _run_here("release", template, labs, tool_env(), timeout)
+        _GENERATED[key] = template
+    shutil.copytree(_GENERATED[key], root, dirs_exist_ok=True)
     return root
 
 

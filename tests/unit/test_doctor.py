@@ -111,3 +111,18 @@ def test_main_exits_nonzero_naming_the_failing_check(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "BAD  MIG" in captured.out and "ranks could not connect" in captured.out
     assert "2 problem(s): MIG; 1-rank all_reduce" in captured.err
+
+
+def test_while_grading_the_doctor_launches_nothing_and_says_why(monkeypatch, capsys):
+    from parlab.grading.harness import AUTOGRADE_ENV
+
+    def no_checks():
+        raise AssertionError("the doctor ran its checks (and their launches) inside a grading")
+
+    monkeypatch.setattr(doctor, "checks", no_checks)
+    monkeypatch.setenv(AUTOGRADE_ENV, "1")
+    assert doctor.main() == 0
+    assert "not run while this notebook is being graded" in capsys.readouterr().out
+    monkeypatch.delenv(AUTOGRADE_ENV)
+    with pytest.raises(AssertionError, match="ran its checks"):
+        doctor.main()
