@@ -151,8 +151,8 @@ class WidgetSink(OutputSink):
     The widget tree is built whole at that first moment, one hidden area per
     rank, and never rebuilt: a rank's first line only unhides its area.
     Re-assigning a box's ``children`` while lines stream in makes the front end
-    remove and re-create views of the same Output widget, and a launch that did
-    that once showed a rank's line twice in JupyterLab (CI, stop 38).
+    remove and re-create views of the same Output widget; a grid rebuilt that
+    way once showed a rank's line twice in JupyterLab.
     """
 
     def __init__(self, nproc: int):
@@ -179,8 +179,7 @@ class WidgetSink(OutputSink):
 
     def _area(self, rank: int):
         self._show()
-        if self.cells[rank].layout.display == "none":
-            self.cells[rank].layout.display = None
+        self.cells[rank].layout.display = None  # traitlets sends nothing once it is shown
         return self.areas[rank]
 
     def write(self, rank: int, stream: str, text: str) -> None:
