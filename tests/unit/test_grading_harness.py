@@ -61,10 +61,44 @@ def test_spy_counts_outermost_backward_prints_and_mutation(capsys):
 
 
 def test_spy_leaves_torch_as_it_found_it():
-    before = (torch.Tensor.backward, torch.autograd.backward, torch.distributed.all_reduce)
+    from torch._C import _distributed_c10d as c10d
+
+    def state():
+        return (torch.Tensor.backward, torch.autograd.backward, torch.distributed.all_reduce,
+                dict(vars(c10d.ProcessGroup)), dict(vars(c10d.Backend)),
+                torch.ops.c10d.allreduce_, torch.ops._c10d_functional.all_reduce)
+
+    before = state()
     with Spy().watch():
-        pass
-    assert (torch.Tensor.backward, torch.autograd.backward, torch.distributed.all_reduce) == before
+        assert state() != before  # it did patch them
+    assert state() == before
+
+
+def test_spy_records_collectives_reached_around_dist(tmp_path):
+    """A default group's method, a Backend's, torch.ops.c10d and the functional collectives:
+    each recorded under the dist function it stands for, with how it was called."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from parlab.grading.records import call_name
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        spy, t = Spy(), torch.ones(3)
+        group = dist.distributed_c10d._get_default_group()
+        with spy.watch():
+            group.allreduce([t]).wait()
+            group._get_backend(torch.device("cpu")).broadcast([t]).wait()
+            funcol.wait_tensor(funcol.all_reduce(t, "sum", group))
+            dist.all_reduce(t)  # once, not once per layer it passes through
+        calls = spy.record()["calls"]
+        assert [(c["op"], c.get("via")) for c in calls] == [
+            ("all_reduce", "ProcessGroup.allreduce"), ("broadcast", "Backend.broadcast"),
+            ("all_reduce", "torch.ops._c10d_functional.all_reduce"), ("all_reduce", None)]
+        assert call_name(spy.record(), "broadcast") == "Backend.broadcast (what dist.broadcast runs)"
+        group.allreduce([t]).wait()  # the class's methods still bind self after watch()
+    finally:
+        dist.destroy_process_group()
 
 
 def _ex(**kw):

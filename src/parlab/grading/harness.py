@@ -232,27 +232,86 @@ def grade_batch(batch: Mapping[Exercise, Mapping[str, Any]], *, hidden: bool = F
             for key, *_ in tasks:
                 report[key] = message
             continue
-        used = per_rank[0].get(BACKEND_KEY, "gloo")
+        used = reported_backend(per_rank)
         for key, ex, _, cases in tasks:
-            report[key] = judge(ex, key[1], n, cases, [out[task_slot(key)] for out in per_rank], used)
+            report[key] = judge(ex, key[1], n, cases, [report_of(out, task_slot(key)) for out in per_rank], used)
     return report
 
 
+def report_of(out, slot: str):
+    """One task's report in a rank's output, or None when the output is not a dict or lacks it."""
+    return out.get(slot) if isinstance(out, dict) else None
+
+
+def reported_backend(per_rank: list) -> str:
+    """The backend rank 0 says it ran on, when it is one torch knows; gloo otherwise."""
+    said = per_rank[0].get(BACKEND_KEY) if per_rank and isinstance(per_rank[0], dict) else None
+    return said if said in ("gloo", "nccl", "mpi", "ucc") else "gloo"
+
+
 def judge(ex: Exercise, name: str, n: int, cases, per_rank: list, backend: str) -> str | None:
-    """The message for one task from every rank's ``run_task`` output, or None when it passed."""
+    """The message for one task from every rank's ``run_task`` output, or None when it passed.
+
+    ``per_rank`` is what came back, which the answer could have written
+    itself (it runs in the process that reports): it is read as claims, never
+    as a verdict.  A report not shaped as ``run_task`` writes fails; so does
+    one that accounts for fewer (or more) cases than were sent, on any rank,
+    even when every value that did come back is right.
+    """
+    problem = _malformed(per_rank, n)
+    if problem:
+        return f"{name} was not graded: {problem}"
     errors = [(r, out) for r, out in enumerate(per_rank) if "error" in out]
     if errors:
         r, out = errors[0]
-        hint = ex.on_error(out["traceback"]) if ex.on_error else ""
-        return (f"{name} {out['error']} (rank {r}).\n{out['traceback']}"
+        hint = ex.on_error(str(out.get("traceback", ""))) if ex.on_error else ""
+        return (f"{name} {out['error']} (rank {r}).\n{out.get('traceback', '')}"
                 + (f"\nHint: {hint}" if hint else ""))
     graded = Graded(name, n, cases, [[c["out"] for c in out["cases"]] for out in per_rank], backend,
                     [[c["spy"] for c in out["cases"]] for out in per_rank])
-    with check.judged_on(backend):
-        message = ex.grade(graded)
-    if message:
-        return message
-    return rules_message(ex, graded)
+    missing = _unaccounted(graded)
+    try:
+        with check.judged_on(backend):
+            message = ex.grade(graded)
+    except Exception:  # noqa: BLE001 - a grader reading a case that never came back
+        if not missing:
+            raise
+        message = None
+    return message or missing or rules_message(ex, graded)
+
+
+def _malformed(per_rank: list, n: int) -> str | None:
+    """What is wrong with the shape of the ranks' reports of one task, or None."""
+    if len(per_rank) != n:
+        return f"{len(per_rank)} ranks reported, but {n} ran."
+    for r, out in enumerate(per_rank):
+        if not isinstance(out, dict) or not ("error" in out or "cases" in out):
+            return f"rank {r} sent back no report for it."
+        if "error" in out:
+            if not isinstance(out["error"], str):
+                return f"rank {r}'s error report is not text."
+            continue
+        cases = out["cases"]
+        if not isinstance(cases, list) or not all(
+                isinstance(c, dict) and "out" in c and isinstance(c.get("spy"), dict) for c in cases):
+            return f"rank {r}'s report is not the list of per-case results the harness writes."
+    return None
+
+
+def _unaccounted(graded: Graded) -> str | None:
+    """A message naming the first case some rank sent no result for (or one too many), or None."""
+    want = len(graded.cases)
+    for r, per_rank in enumerate(graded.results):
+        if len(per_rank) > want:
+            return (f"{graded.name}: rank {r} reported {len(per_rank)} results for {want} cases; "
+                    "it was not graded.")
+    for i, case in enumerate(graded.cases):
+        short = [r for r, per_rank in enumerate(graded.results) if len(per_rank) <= i]
+        if short:
+            return (f"{graded.name} gave no result for {_case_words(case, graded.n)} on rank "
+                    f"{short[0]} ({len(graded.results[short[0]])} of {want} cases came back from "
+                    "that rank). Every case must run to the end on every rank to score.")
+    return None
 
 
 def rules_message(ex: Exercise, graded: Graded) -> str | None:

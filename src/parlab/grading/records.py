@@ -48,6 +48,13 @@ def used(record: dict, *names: str) -> list[str]:
     return seen
 
 
+def call_name(record: dict, op: str) -> str:
+    """How the record's first ``op`` call was made, for a message: "dist.all_reduce", or, for one
+    that reached the backend another way, "ProcessGroup.allreduce (what dist.all_reduce runs)"."""
+    via = next((c.get("via") for c in record["calls"] if c["op"] == op and c.get("via")), None)
+    return f"{via} (what dist.{op} runs)" if via else f"dist.{op}"
+
+
 def events(record: dict, kind: str | None = None, backward: bool | None = None) -> list[dict]:
     """The record's events of ``kind`` (None: of every kind) in order; with ``backward`` given,
     only those whose ``in_backward`` fact equals it (an event without that fact is in neither)."""

@@ -20,14 +20,29 @@ back from the ranks like any result, and the rules of an exercise
 (``parlab.grading.harness.Rule``) are judged on it in the grader.
 
 The spy patches module attributes for the duration of ``watch()`` only, so
-the grader's own collectives outside it are never counted.  Code that bound
-``torch.distributed.all_reduce`` to a name before the spy started is not
-seen; the labs tell students to call collectives as ``dist.<op>``.
+the grader's own collectives outside it are never counted.  Besides the
+``dist.<op>`` functions it records calls that reach a backend another way
+from code outside torch: the ``ProcessGroup`` and ``Backend`` methods
+(``_get_default_group().allreduce([t])``) and the ``torch.ops.c10d`` and
+``torch.ops._c10d_functional`` operators; torch's own use of them (DTensor,
+``dist.<op>`` itself) is not recorded twice.  What is printed is read from
+the rank's standard output itself (file descriptor 1) where that is a file,
+as it is on every launched rank: whatever reaches the output, by ``print``,
+``os.write(1, ...)`` or C code, counts, and nothing else does.
+
+**What the record is worth.** It is made inside the process that runs the
+answer, so an answer can change it (patch the spy away, call C++ directly,
+write its rank's report itself).  It catches honest mistakes, and the
+accidental ways around it above are closed; it is not evidence against a
+student who sets out to deceive it.  ``docs/instructor.md`` ("What a
+verdict rests on") says what the grader enforces regardless.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import stat
 import sys
 from typing import Any
 
@@ -43,6 +58,88 @@ COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_in
 #: ``batch_isend_irecv`` is seen through the isend/irecv calls it makes.
 POINT_TO_POINT = ("send", "recv", "isend", "irecv")
 _PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+#: Methods of ``ProcessGroup``/``Backend`` objects, by the ``dist`` function each stands for.
+BACKEND_METHODS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+                   "broadcast": "broadcast", "allgather": "all_gather",
+                   "_allgather_base": "all_gather_into_tensor", "allgather_coalesced": "all_gather",
+                   "allgather_into_tensor_coalesced": "all_gather_into_tensor",
+                   "all_gather_single": "all_gather_into_tensor", "reduce": "reduce",
+                   "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter_tensor",
+                   "reduce_scatter_single": "reduce_scatter_tensor",
+                   "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor",
+                   "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+                   "all_to_all_single": "all_to_all_single", "gather": "gather", "scatter": "scatter",
+                   "barrier": "barrier", "monitored_barrier": "barrier", "send": "send", "recv": "recv",
+                   "recv_anysource": "recv"}
+#: Where the peer is among a backend method's arguments (after self) and a c10d operator's.
+_METHOD_PEER = {"send": 1, "recv": 1}
+_OP_PEER = {"send": 2, "recv": 2}
+#: The operator namespaces whose operators run a collective or a message.
+OP_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+_NOT_CALLS = ("wait_tensor", "check_for_nan")  # operators of those namespaces that move nothing
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _op_name(op: str) -> str:
+    """The ``dist`` function a c10d operator stands for: "allreduce_" -> "all_reduce"."""
+    base = op.strip("_").replace("_coalesced", "").replace("_any_source", "").removesuffix("_out").strip("_")
+    names = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather_into_tensor",
+             "allgather_into_tensor": "all_gather_into_tensor", "reduce_scatter_base": "reduce_scatter_tensor",
+             "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "monitored_barrier": "barrier",
+             "wait_tensor": "wait"}
+    return names.get(base, base)
+
+
+#: torch's modules whose functions a student may call to reach a backend directly.
+_DIRECT_ENTRIES = (os.path.join(_TORCH_DIR, "distributed", "_functional_collectives.py"),)
+
+
+def _caller_is_torch(depth: int) -> bool:
+    """Whether the call ``depth`` frames above the caller of this was made by torch's own code.
+
+    A call from outside torch is not; nor is one from torch's functional
+    collectives (``torch.distributed._functional_collectives``) entered
+    straight from outside torch.  One made inside anything else torch runs
+    (DTensor, FSDP, a module's forward) is.
+    """
+    frame = sys._getframe(depth + 1)
+    if not frame.f_code.co_filename.startswith(_TORCH_DIR):
+        return False
+    entry = frame
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
+        entry, frame = frame, frame.f_back
+    return entry.f_code.co_filename not in _DIRECT_ENTRIES
+
+
+_OPS: list[tuple[Any, str, Any]] = []
+
+
+def _collective_ops() -> list[tuple[Any, str, Any]]:
+    """(namespace, name, operator) of every operator of ``OP_NAMESPACES``, listed once per process."""
+    if not _OPS:
+        for full in torch._C._dispatch_get_all_op_names():
+            space, _, name = full.partition("::")
+            if space not in OP_NAMESPACES or "." in name or name in _NOT_CALLS:
+                continue
+            try:
+                _OPS.append((space, name, getattr(getattr(torch.ops, space), name)))
+            except (AttributeError, RuntimeError):
+                continue
+    return _OPS
+
+
+class _Op:
+    """A c10d operator (an ``OpOverloadPacket`` or one overload) that records its calls."""
+
+    def __init__(self, target, record):
+        self._target, self._record = target, record
+
+    def __call__(self, *args, **kwargs):
+        return self._record(self._target, args, kwargs, _caller_is_torch(1))
+
+    def __getattr__(self, name):
+        value = getattr(self._target, name)
+        return _Op(value, self._record) if name in getattr(self._target, "overloads", lambda: ())() else value
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
@@ -83,6 +180,45 @@ class _Work:
 
     def __getattr__(self, name):
         return getattr(self._work, name)
+
+
+class _Output:
+    """What reaches this process's standard output (fd 1) while watched, when fd 1 is a file.
+
+    A launched rank's fd 1 is its output file in the launch folder (opened to
+    append), so the bytes added to it between ``start`` and ``stop`` are what
+    the rank printed, however it printed them.  Elsewhere (a notebook's
+    kernel, a pipe) ``available`` is False and the spy tees ``sys.stdout``.
+    """
+
+    LIMIT = 1 << 20  # bytes kept per watch
+
+    def __init__(self):
+        try:  # print() must reach fd 1 (not so under a test's capsys) and fd 1 must be a file
+            self.available = sys.stdout.fileno() == 1 and stat.S_ISREG(os.fstat(1).st_mode)
+        except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+            self.available = False
+        self._start = 0
+
+    def _flush(self) -> None:
+        for stream in (sys.stdout, sys.__stdout__):
+            try:
+                stream.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
+
+    def start(self) -> None:
+        self._flush()
+        self._start = os.fstat(1).st_size
+
+    def stop(self) -> str:
+        self._flush()
+        try:
+            with open("/proc/self/fd/1", "rb") as f:
+                f.seek(self._start)
+                return f.read(self.LIMIT).decode("utf-8", "replace")
+        except OSError:
+            return ""
 
 
 class _Tee(io.TextIOBase):
@@ -138,25 +274,65 @@ class Spy:
         def recorded(*args, **kwargs):
             if spy._paused or spy._in_dist:  # the grader's own, or torch's send calling isend
                 return original(*args, **kwargs)
-            t = _first_tensor(args, kwargs)
-            call = {"op": op, "numel": int(t.numel()) if t is not None else 0,
-                    "dtype": str(t.dtype).replace("torch.", "") if t is not None else "",
-                    "peer": None, "async": bool(kwargs.get("async_op", False)) or op in ("isend", "irecv"),
-                    "in_backward": spy.backward_depth > 0, "waited": False,
-                    "waited_in_backward": False}
+            peer = None
             if op in _PEER_ARG:
                 peer = kwargs.get(_PEER_ARG[op], args[1] if len(args) > 1 else None)
                 if peer is None and kwargs.get("group_" + _PEER_ARG[op]) is not None:
                     peer = _global_peer(kwargs.get("group"), kwargs["group_" + _PEER_ARG[op]])
-                call["peer"] = int(peer) if peer is not None else None
-            spy.calls.append(call)
-            spy._in_dist += 1
-            try:
-                work = original(*args, **kwargs)
-            finally:
-                spy._in_dist -= 1
-            return _Work(work, call, spy) if work is not None and hasattr(work, "wait") else work
+            call = spy._call(op, args, kwargs, peer,
+                             bool(kwargs.get("async_op", False)) or op in ("isend", "irecv"))
+            return spy._through(call, original, args, kwargs)
         return recorded
+
+    def _call(self, op: str, args, kwargs, peer, is_async: bool, **extra) -> dict:
+        """A new record of one call (its first tensor's size and dtype, its peer), kept in order."""
+        t = _first_tensor(args, kwargs)
+        call = {"op": op, "numel": int(t.numel()) if t is not None else 0,
+                "dtype": str(t.dtype).replace("torch.", "") if t is not None else "",
+                "peer": int(peer) if peer is not None else None, "async": is_async,
+                "in_backward": self.backward_depth > 0, "waited": False,
+                "waited_in_backward": False, **extra}
+        self.calls.append(call)
+        return call
+
+    def _through(self, call: dict, original, args, kwargs):
+        """``original(*args, **kwargs)`` with nothing inside it recorded; its work handle watched."""
+        self._in_dist += 1
+        try:
+            work = original(*args, **kwargs)
+        finally:
+            self._in_dist -= 1
+        return _Work(work, call, self) if work is not None and hasattr(work, "wait") else work
+
+    def _record_raw(self, op: str, via: str, original, args, kwargs, peer_at: int | None, by_torch: bool):
+        """One call that reached a backend without ``dist.<op>``, recorded as ``op`` (torch's own calls are not)."""
+        if self._paused or self._in_dist or by_torch:
+            return original(*args, **kwargs)
+        peer = args[peer_at] if peer_at is not None and len(args) > peer_at else None
+        call = self._call(op, args, kwargs, peer if isinstance(peer, int) else None, True, via=via)
+        return self._through(call, original, args, kwargs)
+
+    def _wrap_method(self, cls, name: str):
+        spy, original, op = self, getattr(cls, name), BACKEND_METHODS[name]
+        peer_at = None if op not in _METHOD_PEER else _METHOD_PEER[op] + 1  # + self
+
+        def recorded(*args, **kwargs):
+            return spy._record_raw(op, f"{cls.__name__}.{name}", original, args, kwargs, peer_at,
+                                   _caller_is_torch(1))
+        return recorded
+
+    def _op_patches(self) -> list:
+        """(namespace, name, recording proxy) for every collective operator torch has registered."""
+        spy, patches = self, []
+        for space, name, packet in _collective_ops():
+            op = _op_name(name)
+
+            peer_at = _OP_PEER.get(op) if space == "c10d" else None
+
+            def record(target, args, kwargs, by_torch, op=op, via=f"torch.ops.{space}.{name}", at=peer_at):
+                return spy._record_raw(op, via, target, args, kwargs, at, by_torch)
+            patches.append((getattr(torch.ops, space), name, _Op(packet, record)))
+        return patches
 
     def _wrap_backward(self, original):
         spy = self
@@ -190,6 +366,10 @@ class Spy:
                     # torch checks P2POp's op against c10d's own isend/irecv, and
                     # batch_isend_irecv calls them from there: patch both names.
                     patches.append((c10d, op, wrapper))
+        for cls in (c10d.ProcessGroup, torch._C._distributed_c10d.Backend):
+            patches += [(cls, name, self._wrap_method(cls, name)) for name in BACKEND_METHODS
+                        if name in vars(cls)]
+        patches += self._op_patches()
         patches.append((torch.Tensor, "backward", self._wrap_backward(torch.Tensor.backward)))
         patches.append((torch.autograd, "backward", self._wrap_backward(torch.autograd.backward)))
         ddp_init = DDP.__init__
@@ -199,14 +379,22 @@ class Spy:
             spy.ddp += 1
             return ddp_init(module_self, *args, **kwargs)
         patches.append((DDP, "__init__", ddp_built))
-        patches.append((sys, "stdout", _Tee(sys.stdout, self.printed)))
-        saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+        output = _Output()
+        if not output.available:
+            patches.append((sys, "stdout", _Tee(sys.stdout, self.printed)))
+        # a class's own entry, not getattr's: pybind11 keeps methods as descriptors that bind self
+        saved = [(obj, name, vars(obj)[name] if isinstance(obj, type) and name in vars(obj) else getattr(obj, name))
+                 for obj, name, _ in patches]
         self._watching = True
         try:
             for obj, name, value in patches:
                 setattr(obj, name, value)
+            if output.available:
+                output.start()
             yield self
         finally:
+            if output.available:
+                self.printed.append(output.stop())
             for obj, name, value in reversed(saved):
                 setattr(obj, name, value)
             self._watching = False

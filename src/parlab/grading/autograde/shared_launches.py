@@ -36,7 +36,8 @@ import re
 import time
 from collections.abc import Hashable
 
-from ..harness import BACKEND_KEY, Exercise, judge, launch_failure, launch_tasks, run_task, task_slot
+from ..harness import (BACKEND_KEY, Exercise, judge, launch_failure, launch_tasks, report_of,
+                       reported_backend, run_task, task_slot)
 
 #: Added to an exception raised by the task at this index (only in a shared launch).
 TASK_NOTE = "parlab shared task "
@@ -167,10 +168,12 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
         else:
             undecided.add(tasks[culprit][0])
         return tasks[:culprit] + tasks[culprit + 1:]
-    used = per_rank[0].get(BACKEND_KEY, "gloo")
+    used = reported_backend(per_rank)
     for i, (key, name, ex, _, cases) in enumerate(tasks):
-        message = judge(ex, name, n, cases, [out[f"{i}"] for out in per_rank], used)
-        slow = max(out[f"{i}"].get("seconds", 0.0) for out in per_rank) > ex.timeout / 2
+        reports = [report_of(out, f"{i}") for out in per_rank]
+        message = judge(ex, name, n, cases, reports, used)
+        slow = any(not isinstance(r.get("seconds", 0.0), (int, float)) or r.get("seconds", 0.0) > ex.timeout / 2
+                   for r in reports if isinstance(r, dict))
         if message is None and slow:
             undecided.add(key)  # alone, a wait that long could have timed out: grade it alone
         elif message is None:

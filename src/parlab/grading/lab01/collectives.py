@@ -20,7 +20,7 @@ import torch
 
 from ... import check
 from ..harness import Graded
-from ..records import used
+from ..records import call_name, used
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def no_builtin(*banned: str):
     def broken(records, case, n):
         for r, rec in enumerate(records):
             if hits := used(rec, *banned):
-                return f"rank {r} called dist.{hits[0]}."
+                return f"rank {r} called {call_name(rec, hits[0])}."
         return None
     return broken
 
