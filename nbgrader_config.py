@@ -52,16 +52,18 @@ c.Execute.interrupt_on_timeout = True
 # student's kernel (where an earlier cell may have replaced a check, parlab,
 # torch or a builtin), and when a cell kills the kernel it records that
 # cell's error, restarts the kernel, replays the cells above and goes on, so
-# the other exercises are still scored.  The rest of the list is nbgrader's
-# default autograde pipeline, unchanged.
+# the other exercises are still scored.  InertOutputs (parlab/grading/autograde/inert_outputs.py),
+# right after it, leaves nothing in the autograded notebook that could run where it is shown (see
+# "No live HTML from a submission" below).  The rest of the list is nbgrader's default autograde
+# pipeline, unchanged.
 from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
 from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata,  # noqa: E402
                                     IgnorePattern, LimitOutput, SaveAutoGrades)
 
-from parlab.grading.autograde import GuardedExecute  # noqa: E402
+from parlab.grading.autograde import GuardedExecute, InertOutputs  # noqa: E402
 
 c.Autograde.autograde_preprocessors = [
-    GuardedExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
+    GuardedExecute, InertOutputs, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, SaveAutoGrades,
     AssignLatePenalties, CheckCellMetadata,
 ]
 # The student's kernel and the ranks that run its answers are untrusted: each runs inside a
@@ -78,6 +80,18 @@ c.GuardedExecute.box_scratch_mb = 512    # each writable folder (the scratch cop
 # A test cell the student deleted is put back (and graded), instead of being
 # left for manual grading where it could be given points.
 c.OverwriteCells.add_missing_cells = True
+
+# ---------------------------------------------------------------- no live HTML from a submission
+# The feedback HTML (generate_feedback, parlab grade) and the formgrader's page of a submission are made
+# from the autograded notebook; the formgrader's page is served by the instructor's own Jupyter server,
+# where a student's script would act as the instructor (the contents API can write the course).  So:
+# InertOutputs (above) keeps only text/plain, PNG and JPEG in every display output and shows a markdown
+# cell holding anything but inert HTML as text, in the stored notebook itself; and both pages escape
+# scripts when they render (nbconvert's bleach sanitizer on text/html and markdown outputs, no
+# application/javascript).  The formgrader reads this setting from this file (the course root's config).
+# nbgrader's feedback and formgrade templates render markdown cells without the sanitizer, which is why
+# InertOutputs reads the markdown too.
+c.HTMLExporter.sanitize_html = True
 
 # ---------------------------------------------------------------- output limits
 # nbgrader keeps at most this many lines of stream output and traceback per

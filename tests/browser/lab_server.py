@@ -100,8 +100,8 @@ class LabServer:
         env.update(self.extra_env)
         return env
 
-    def _command(self) -> list[str]:
-        jupyter = [sys.executable, "-m", "jupyterlab"]
+    def _server_args(self) -> list[str]:
+        """The Jupyter server's own options: this port and token, the notebook folder, root if we are."""
         args = [
             "--no-browser",
             f"--ServerApp.port={self.port}",
@@ -109,18 +109,25 @@ class LabServer:
             "--ServerApp.ip=127.0.0.1",
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={self.notebooks}",
-            "--LabApp.news_url=None",
-            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            "--LabServerApp.extension_manager=readonly",
         ]
         if os.getuid() == 0:
             args.append("--allow-root")
-        return jupyter + args
+        return args
 
-    def start(self) -> "LabServer":
+    def _command(self) -> list[str]:
+        return [sys.executable, "-m", "jupyterlab", *self._server_args(),
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabServerApp.extension_manager=readonly"]
+
+    def _prepare(self) -> None:
+        """The folders the server starts on: a copy of labs/, the kernels' TMPDIR, JupyterLab's settings."""
         shutil.copytree(REPO / "labs", self.notebooks)
         self.tmp.mkdir(parents=True)
         self._write_settings()
+
+    def start(self) -> "LabServer":
+        self._prepare()
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self._command(), env=self._env(), cwd=self.notebooks,
                                      stdin=subprocess.DEVNULL, stdout=self.log,
