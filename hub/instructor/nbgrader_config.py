@@ -24,3 +24,8 @@ if HUB not in sys.path:
     sys.path.insert(0, HUB)
 c.AssignLatePenalties.plugin_class = "late_penalty.PenaltyPerStartedDay"
 c.PenaltyPerStartedDay.fraction_per_day = 0.1
+
+# Collect checks each inbound folder before taking it (hub/safe_collect.py): its Unix owner must be the
+# student its name claims, nothing inside may be a link or a special file, and the submission time is
+# the server's (the files' ctime), not the timestamp.txt the student wrote.
+c.ExchangeFactory.collect = "safe_collect.SafeExchangeCollect"
