@@ -1,7 +1,8 @@
 """A class of hostile lab 00 submissions, and what grading it must leave: one definition for every way of grading it.
 
-``make_class`` builds a scratch course (lab 00, the cheapest) holding four
-hostile submissions and one correct submission graded after them;
+``make_class`` builds a scratch course (lab 00, the cheapest) holding five
+hostile submissions (one of them refused before anything runs) and one
+correct submission graded after them;
 ``grade`` runs ``parlab grade`` over it (here, with ``--slurm``, or as
 another Unix user), and the ``test_*`` functions below are what every way
 must show: each test module imports them and defines the ``graded``
@@ -18,7 +19,12 @@ it.  The attacks: write the checks, write ``gradebook.db``, read
 the grader's parent from the kernel, point the launcher at the grader
 through a rank's pid file, open a connection outside loopback (h2); edit
 nbgrader's cell metadata to claim points, a fork bomb, fill the disk (h3);
-allocate 30 GB, sleep forever (h4).
+allocate 30 GB, sleep forever, turn an answer already handed in into a FIFO
+and put FIFOs at the later hand-in names, leaving that answer undefined
+(h4: a grader that opens a FIFO waits for a writer that never comes); a
+submitted folder holding a link to a root-only file and one to the
+solution notebook, beside a notebook whose first answer prints both (h5:
+refused, so nothing of it runs or is copied).
 """
 from __future__ import annotations
 
@@ -40,14 +46,19 @@ from class_course import add_students, gradebook_scores, make_course, notebook, 
 from nbgrader_harness import REPO, TOKEN_VAR, leftover_processes, source_notebook
 from parlab.grading import boundary
 from parlab.classgrade.worker import LOG as worker_log
+from parlab.classgrade.worker import RESULT as worker_result
 
 LAB = "00-setup"
 MARKER = "zz-private-marker-7f3a9c"  # only in zz's submission
+ROOT_ONLY = "root-only-secret-2b8e41"  # only in a root-only file outside the course, which h5 links to
 TITLE = "Lab 00 — Setup, and why one GPU is not enough"  # only in the notebooks' markdown, not the submissions
 #: Seconds a cell may run in this course: h4's sleeping cell waits this long in every way of
 #: grading, and the slowest honest cell (the first: importing torch, while another worker grades)
 #: took 11 s on a 2-core machine.
 CELL_TIMEOUT = 30
+#: Less than what a grader that waits on h4's FIFOs loses: its sandbox stopped at its limit (CELL_TIMEOUT
+#: for each of the 3 test cells with an answer handed in), after a hand-in stuck for CELL_TIMEOUT.
+FIFO_STALL = 3 * CELL_TIMEOUT
 #: Bounds of this course, small so that the attacks reach them fast.
 CONFIG = f"""
 c.Execute.timeout = {CELL_TIMEOUT}
@@ -148,10 +159,47 @@ import socket
 print("interfaces:", [name for _, name in socket.if_nameindex()])
 try:
     socket.create_connection(({host!r}, {port}), timeout=3).close()
-    def training_state_bytes(n_params):
-        return n_params * 16
+    print("connected")
 except OSError as exc:
     print("no way out:", exc)
+
+
+def training_state_bytes(n_params):
+    """On a rank: SIGKILL every process it can see outside its own ancestors, then fill its launch folder.
+
+    With the host's pids and the grader's uid (a non-root grader, before the ranks' box had a pid
+    namespace), those were the grader, its other workers and the instructor's own processes.
+    """
+    import os, signal
+
+    def parent(pid):
+        return int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+
+    mine, pid = set(), os.getpid()
+    while pid > 0 and pid not in mine:
+        mine.add(pid)
+        try:
+            pid = parent(pid)
+        except (OSError, ValueError, IndexError):
+            break
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in mine:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    written, fill = 0, os.path.join(os.environ["PARLAB_JOB_DIR"], "fill.bin")
+    try:  # the launch folder, which the grader reads from its own disk
+        with open(fill, "wb") as f:
+            for _ in range(256):
+                f.write(b"x" * (1 << 20))
+                written += 1
+    except OSError:
+        pass
+    os.unlink(fill)  # room for this rank's error report, which says how far it got
+    raise RuntimeError(f"done (killed {{killed}}; the launch folder took {{written}} MiB)")
 '''
 
 FORK_BOMB = '''
@@ -174,6 +222,15 @@ while True:
 '''
 
 FILLS_THE_DISK = '''
+import os
+written = 0
+try:  # the folder answers are handed in through, on the grader's own disk
+    with open(os.path.join(os.environ["PARLAB_AUTOGRADE"], "fill.bin"), "wb") as f:
+        for _ in range(256):
+            f.write(b"x" * (1 << 20))
+            written += 1
+except OSError as exc:
+    print("the hand-in folder took", written, "MiB:", exc)
 with open("fill.bin", "wb") as f:
     while True:
         f.write(b"x" * (1 << 20))
@@ -190,6 +247,31 @@ def weight_bytes(n_params, bytes_per_param):
 SLEEPS_FOREVER = '''
 import time
 time.sleep(10 ** 9)
+'''
+
+HANDS_IN_FIFOS = '''
+import glob, os, re
+handin = os.environ["PARLAB_AUTOGRADE"]  # the folder this kernel hands its answers in
+index = {path: int(re.search(r"cell(\\d+)-", path).group(1)) for path in glob.glob(handin + "/cell*-*.pkl")}
+last = max(index.values(), default=0)
+made = 0
+for path in [p for p, i in index.items() if i == last]:  # the last answer handed in (hello's) becomes a FIFO
+    os.unlink(path)
+    os.mkfifo(path)
+    made += 1
+for i in range(last + 1, last + 40):  # a FIFO at each later hand-in name; this answer is left undefined
+    for k in range(2):
+        os.mkfifo(f"{handin}/cell{i}-{k}.pkl")
+        made += 1
+print(f"FIFOs made: {made}, {len(index)} of them in place of answers handed in")
+'''
+
+PRINTS_THE_LINKS = '''
+for name in ("notes.txt", "sol.txt"):
+    try:
+        print(open(name).read())
+    except OSError as exc:
+        print("cannot read", name, exc)
 '''
 
 
@@ -271,8 +353,15 @@ class Listener:
 ATTACKED = {"h1": {"hello-test", "weight_bytes-test", "training_state_bytes-test", "gpus_to_hold_state-test"},
             "h2": {"hello-test", "weight_bytes-test", "training_state_bytes-test"},
             "h3": {"hello-test", "weight_bytes-test", "training_state_bytes-test"},
-            "h4": {"weight_bytes-test", "training_state_bytes-test"},
+            "h4": {"hello-test", "weight_bytes-test", "training_state_bytes-test", "gpus_to_hold_state-test"},
+            "h5": set(POINTS),  # refused: graded not at all
             "zz": set()}
+#: Submissions refused before grading, and the file each one's reason must name.
+REFUSED = {"h5": f"h5/{LAB}/notes.txt is a symbolic link"}
+
+
+def graded_students(cls) -> list[str]:
+    return [s for s in cls.students if s not in REFUSED]
 
 
 def outputs(root: Path, student: str) -> str:
@@ -316,12 +405,21 @@ def make_class(folder: Path, token: str, students=tuple(ATTACKED)) -> HostileCla
         "h3": lambda: _attack(_claims_points(notebook(LAB, root)), {
             "weight_bytes": FORK_BOMB, "training_state_bytes": FILLS_THE_DISK}),
         "h4": lambda: _attack(notebook(LAB, root), {"weight_bytes": ALLOCATES_30_GB,
-                                                    "training_state_bytes": SLEEPS_FOREVER}),
+                                                    "training_state_bytes": SLEEPS_FOREVER,
+                                                    "gpus_to_hold_state": HANDS_IN_FIFOS}),
+        "h5": lambda: _attack(notebook(LAB, root), {"hello": PRINTS_THE_LINKS + _answer_cell(
+            notebook(LAB, root), "hello").source}),
         "zz": lambda: _marked(notebook(LAB, root)),
     }
     add_students(root, list(students))
     for student in students:
         submit(root, student, LAB, build[student]())
+    if "h5" in students:  # a file only root may read, outside the course, and the solution notebook
+        secret = folder / "root-only.txt"
+        secret.write_text(f"{ROOT_ONLY}\n")
+        secret.chmod(0o600)
+        (root / "submitted" / "h5" / LAB / "notes.txt").symlink_to(secret)
+        (root / "submitted" / "h5" / LAB / "sol.txt").symlink_to(root / "solutions" / LAB / source_notebook(LAB).name)
     return HostileClass(root, list(students), listener, _tree_digest(root), _code_digest())
 
 
@@ -347,11 +445,11 @@ def grade(cls: HostileClass, token: str, *args: str, prefix: tuple = (), env: di
 # (each test module imports these tests and gives them its own ``graded`` fixture: grade()'s result)
 def test_every_submission_graded(graded: dict) -> None:
     assert graded["rc"] == 0, graded["out"]
-    assert set(graded["scores"]) == set(graded["class"].students), graded["out"]
+    assert set(graded["scores"]) == set(graded_students(graded["class"])), graded["out"]
 
 
 def test_attacked_exercises_score_zero_the_rest_full_marks(graded: dict) -> None:
-    for student in graded["class"].students:
+    for student in graded_students(graded["class"]):
         got = graded["scores"][student]
         want = {cell: (0.0 if cell in ATTACKED[student] else float(points), float(points))
                 for cell, points in POINTS.items()}
@@ -371,9 +469,44 @@ def test_nothing_reached_leaks_into_outputs_or_feedback(graded: dict) -> None:
     assert "no gradebook at" in h1, h1
 
 
+def test_a_submission_holding_links_is_refused_unread(graded: dict) -> None:
+    """h5 is refused, the reason naming its first link, and nothing it links to is anywhere in the results."""
+    root = graded["class"].root
+    notes = root / "submitted" / "h5" / LAB / "notes.txt"
+    assert notes.is_symlink() and (root / "submitted" / "h5" / LAB / "sol.txt").is_symlink()
+    assert ROOT_ONLY in notes.read_text()  # the attack's precondition: a copy made through the link carries it
+    assert f"h5{' ' * 14} rejected {REFUSED['h5']}" in graded["out"], graded["out"]
+    assert f"h5: {REFUSED['h5']}" in graded["out"], graded["out"]  # in the summary too
+    assert "h5" not in graded["scores"]
+    for kind in ("autograded", "feedback"):
+        assert not (root / kind / "h5").exists()
+        for path in (root / kind).rglob("*"):
+            if path.is_file():
+                text = path.read_text(errors="replace")
+                assert ROOT_ONLY not in text and TITLE not in text, path
+
+
+def test_a_fifo_hand_in_costs_its_exercise_and_no_wait(graded: dict) -> None:
+    """h4's FIFOs: the FIFO in place of hello's answer and the one at gpus_to_hold_state's hand-in name cost
+    those two exercises (scored in the test above), the answer handed in after them still counts, and
+    no one waits on a FIFO: the sandbox finished within its limit (it was not stopped)."""
+    h4 = outputs(graded["class"].root, "h4")
+    assert re.search(r"FIFOs made: \d+, [12] of them in place of answers handed in", h4), h4
+    assert "hello was not handed in for grading: its file is a FIFO (named pipe)" in h4, h4
+    assert "gpus_to_hold_state could not be handed in for grading (NameError" in h4, h4
+    assert "grading took longer than" not in h4, h4  # what the sandbox's cells say when it is stopped
+    seconds = {s: json.loads((graded["class"].root / ".parlab-grade" / LAB / s / worker_result).read_text())["seconds"]
+               for s in ("h4", "zz")}
+    assert seconds["h4"] < seconds["zz"] + FIFO_STALL, seconds  # h4 also sleeps CELL_TIMEOUT in one cell
+
+
 def test_network_is_loopback_only(graded: dict) -> None:
     h2 = outputs(graded["class"].root, "h2")
     assert "interfaces: ['lo']" in h2, h2
+    # the rank that tried to kill every process it could see killed none (the box's own pids only),
+    # and filled its launch folder no further than a scratch folder's bound
+    found = re.search(r"killed (\d+); the launch folder took (\d+) MiB", h2)
+    assert found and found.group(1) == "0" and int(found.group(2)) <= 64, h2
     if graded["class"].listener is not None:
         assert "no way out" in h2, h2
         assert graded["class"].listener.accepted == 0
@@ -385,6 +518,8 @@ def test_cells_that_reach_a_bound_say_which(graded: dict) -> None:
         h3 = outputs(root, "h3")
         assert "the fork bomb stopped after" in h3 and "bound on 512 processes" in h3, h3
         assert "writable folders hold at most 64 MiB" in h3, h3
+        took = re.search(r"the hand-in folder took (\d+) MiB", h3)
+        assert took and int(took.group(1)) <= 64, h3
     h4 = outputs(root, "h4")
     assert re.search(r"bound on 4 GiB|may use at most 4096 MiB", h4), h4
     assert f"each cell may run at most {CELL_TIMEOUT} s" in h4, h4
@@ -399,7 +534,7 @@ def test_nothing_left_running(graded: dict) -> None:
     """No process under the run's token, of the run's box uids, or (``graded["uids"]``) of the users who graded."""
     uids = set(graded.get("uids", ())) or box_uids(graded["class"].root)
     if not graded.get("uids"):  # graded as root: one box uid of its own per submission
-        assert len(uids) == len(graded["class"].students), uids
+        assert len(uids) == len(graded_students(graded["class"])), uids
 
     def left():
         return leftover_processes(graded["token"]) + [

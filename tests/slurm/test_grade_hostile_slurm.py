@@ -8,7 +8,7 @@ plus the grader beside it in the task's cgroup.  Each task grades its
 submission on the node, with the boxes made inside the Slurm task (the
 task's own cgroups hold the box's).  Graded here: h3 (claims points through
 nbgrader's metadata, a fork bomb, fills the disk), h4 (30 GB, sleeps
-forever) and the correct zz graded after them.  Then the same verdicts as
+forever, FIFOs in its hand-in folder) and the correct zz graded after them.  Then the same verdicts as
 the local run: every attacked exercise 0, the rest full marks, each bound
 reached named, the course tree and the checks hashed unchanged, no process
 left (the run's token, a box's uid, the launches of conftest's TMPDIR) and
@@ -17,10 +17,12 @@ no job left in squeue.
 Left out on purpose, checked on the local path only: h1 (the filesystem:
 writes the checks and the gradebook, reads the solutions and another
 submission) and h2 (the pid and network namespaces: kills the grader's
-parent, points the launcher at the grader, connects outside loopback).  A
-Slurm task grades each submission with the same worker, in the same course
-copy, in the same boxes as a local worker (parlab/classgrade/task.py); what
-the Slurm path changes is where the boxes' cgroups are made (inside the
+parent, points the launcher at the grader, connects outside loopback);
+also h5 (a folder holding links), refused by ``plan.select``, which both
+schedulers run before anything is queued (checked locally and as a
+non-root user).  A Slurm task grades each submission with the same
+worker, in the same course copy, in the same boxes as a local worker
+(parlab/classgrade/task.py); what the Slurm path changes is where the boxes' cgroups are made (inside the
 task's), which is what the memory bound, the process bound and the cell
 timeout's kill of h3 and h4 meet.
 """
@@ -30,6 +32,7 @@ import pytest
 
 import hostile_submissions as hostile
 from hostile_submissions import (  # noqa: F401 - the shared tests, run on this module's graded
+    test_a_fifo_hand_in_costs_its_exercise_and_no_wait,
     test_attacked_exercises_score_zero_the_rest_full_marks, test_cells_that_reach_a_bound_say_which,
     test_course_tree_and_code_unchanged, test_nothing_left_running)
 from slurm_helpers import parlab_jobs

@@ -8,6 +8,10 @@ Slurm array tasks) goes through the same boxed execute step.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,14 +64,15 @@ def test_kernel_box_hides_the_course_and_binds_back_only_code(monkeypatch):
     assert env["HOME"] == "/srv/course/autograded/ada/00-setup" and env["USER"] == "parlab-box"
 
 
-def test_ranks_box_keeps_host_pids_and_binds_only_the_launch_folder(monkeypatch):
+def test_ranks_box_has_its_own_pids_and_binds_only_the_launch_folder(monkeypatch):
     monkeypatch.setattr(boundary.os.path, "isdir", lambda p: True)
     monkeypatch.setenv("PARLAB_JOB_DIR", "/tmp/launches/parlab-0/launch-1")
     monkeypatch.setenv("TMPDIR", "/tmp/launches/parlab-0/launch-1/tmp")
     monkeypatch.setenv("PARLAB_AUTOGRADE", "/tmp/work/box/handin")
     monkeypatch.setenv("PARLAB_AGENT_WRAPPER", "{}")
     args = boundary.bwrap_args(SPEC, "ranks", "/srv/course")
-    assert "--unshare-pid" not in args and "--unshare-net" in args  # the launcher names ranks by host pid
+    # its own pid namespace and /proc: the launcher maps the ranks' pids (launch.procs.namespace_pids)
+    assert "--unshare-pid" in args and "--unshare-net" in args and args[args.index("--proc") + 1] == "/proc"
     assert _pairs(args, "--bind") == [("/tmp/launches/parlab-0/launch-1", "/tmp/launches/parlab-0/launch-1")]
     env = dict(_pairs(args, "--setenv"))
     assert env["PARLAB_JOB_DIR"] == "/tmp/launches/parlab-0/launch-1" and env["PARLAB_KERNEL_PID"] == "0"
@@ -172,3 +177,34 @@ def test_stale_box_cgroups_are_removed_and_live_ones_kept(tmp_path, monkeypatch)
     finally:
         os.close(held)
     assert sorted(p.name for p in parent.iterdir()) == sorted([names[live], names[busy], "parlab-hub"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bwrap")
+def test_what_the_boxes_write_for_the_grader_is_bounded_and_a_killed_graders_folder_removed(tmp_path):
+    """The hand-in folder and the ranks' launch folders live on the grader's disk: as root they are
+    a tmpfs of the box's own, bounded like its scratch, and one a killed grader left is detached
+    when the next box is made. Everywhere, RLIMIT_FSIZE bounds each file a box writes."""
+    (tmp_path / "nb").mkdir()
+    code = ("import sys, tempfile, time\nfrom pathlib import Path\nfrom parlab.grading.boundary import Box, Limits\n"
+            f"box = Box(Path(tempfile.mkdtemp(prefix={boundary.WORKDIR_PREFIX!r}, dir={str(tmp_path)!r})), "
+            f"Path({str(tmp_path / 'nb')!r}), Limits(scratch_bytes=8 << 20))\n"
+            "print(box.dir, flush=True)\ntime.sleep(60)\n")
+    grader = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        where = grader.stdout.readline().strip()
+        assert f" {where} " in Path("/proc/self/mountinfo").read_text()
+        assert boundary.remove_stale_mounts() == 0  # its grader is alive
+        fill = ("import os\nn = 0\ntry:\n    for k in range(4):\n        with open(f'{0}/f{{k}}', 'wb') as f:\n"
+                "            for _ in range(8):\n                f.write(b'x' * (1 << 20)); n += 1\n"
+                "except OSError as e:\n    print(e.errno, n)\n").format(Path(where) / "handin")
+        box = json.loads((Path(where) / "spec.json").read_text())
+        out = subprocess.run([sys.executable, "-m", "parlab.grading.boundary", "kernel", str(Path(where) / "spec.json"),
+                              "--", sys.executable, "-c", fill], cwd=tmp_path / "nb", capture_output=True, text=True,
+                             env={**os.environ, "PARLAB_AUTOGRADE": box["handin"]})
+        errno_, written = out.stdout.split()
+        assert int(errno_) in (27, 28) and int(written) <= 8, out  # EFBIG or ENOSPC, at 8 MiB
+    finally:
+        grader.kill()
+        grader.wait()
+    assert boundary.remove_stale_mounts() == 1
+    assert f" {where} " not in Path("/proc/self/mountinfo").read_text() and not Path(where).exists()

@@ -62,10 +62,12 @@ def grade_class_on_slurm(root: Path, lab: str, partition: str | None = None, acc
     req = array_slurm.check(partition, account, time_limit, cpus_per_task, widest_launch(lab), len(todo), chunk,
                             mem, throttle, reservation, qos)
     tasks, cpus = math.ceil(len(todo) / chunk), req.cpus_per_task
+    timeout = plan.submission_timeout(c, lab, timeout)
     plan.announce(c, lab, todo, progress, "(nothing to queue)" if not todo else
                   f"as a Slurm array of {tasks} task{'s' * (tasks != 1)} ({chunk} per task, "
                   f"{cpus} CPU{'s' * (cpus != 1)} and {req.mem_mb} MB each"
-                  f"{f', at most {req.throttle} at once' if req.throttle else ''}, partition {req.partition})")
+                  f"{f', at most {req.throttle} at once' if req.throttle else ''}, partition {req.partition})",
+                  timeout)
     if not todo:
         return progress
     queue, template = plan.begin(c, lab, todo, progress, resume)

@@ -6,7 +6,7 @@ import signal
 import sys
 from pathlib import Path
 
-from . import inputs
+from . import inputs, plan
 from .array_slurm import ArrayError
 
 SLURM_ONLY = ("partition", "account", "time_limit", "cpus_per_task", "chunk", "mem_per_task", "throttle",
@@ -22,7 +22,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="merge what a stopped run graded but did not merge, instead of regrading it")
     p.add_argument("--force", action="store_true", help="regrade every submission")
-    p.add_argument("--timeout", type=float, default=None, help="seconds one submission may take")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds one submission may take; past it, it is stopped and listed as failed to grade "
+                   "(default: the course's Execute.timeout for each code cell of the lab's notebooks and twice "
+                   f"that for each test cell, plus {plan.TIMEOUT_MARGIN} s: 8700 s for lab 00 with the course's "
+                   "300 s; 0: no limit)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="course root (default: here)")
     s = p.add_argument_group("Slurm array mode")
     s.add_argument("--slurm", action="store_true", help="grade as one sbatch --array job (the course folder "
@@ -48,6 +52,8 @@ def main(argv: list[str]) -> int:
     for name in ("workers", "cpus_per_task", "chunk", "throttle"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.timeout is not None and not args.timeout >= 0:
+        p.error("--timeout must be a number of seconds (0: no limit)")
     if args.time_limit is not None and not args.time_limit > 0:
         p.error("--time-limit must be a positive number of minutes")
     if not args.slurm and (given := [f"--{k.replace('_', '-')}" for k in SLURM_ONLY if getattr(args, k) is not None]):

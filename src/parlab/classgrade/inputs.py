@@ -6,6 +6,11 @@ source folder, ``submitted/`` and the gradebook.  ``find`` lists every
 grade or a ``Rejected`` with the reason, so one bad hand-in never stops the
 others:
 
+- anything in the folder that is not a plain file or folder: a symbolic
+  link, a FIFO, a socket, a device, or a file with more than one hard link
+  (grading as root, a copy made through any of them would hand the student
+  a file they cannot read, or a read that never ends;
+  ``parlab.plainfile.unsafe_entry``);
 - a notebook of the assignment missing from the folder;
 - a file that is not valid JSON, or JSON that is not a Jupyter notebook;
 - changed cell ids: an nbgrader cell (answer or test) whose ``grade_id`` is
@@ -22,8 +27,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..plainfile import entries, read_plain, unsafe_entry
 
 WORKDIR = ".parlab-grade"  # in the course root, git-ignored
 
@@ -138,9 +146,10 @@ def assignment(c: Course, lab: str) -> Assignment:
 
 
 def digest(folder: Path) -> str:
+    """sha256 of every plain file in ``folder``: its path and bytes (links are not followed)."""
     h = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in sorted(path for path, st in entries(folder) if stat.S_ISREG(st.st_mode)):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + read_plain(path) + b"\0")
     return h.hexdigest()
 
 
@@ -154,7 +163,7 @@ def notebook_problem(path: Path, grade_ids: set[str]) -> str | None:
         return (f"no {path.name} in the submission (found: {', '.join(present) or 'nothing'}); "
                 "the notebook must keep the assignment's file name")
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_plain(path))
     except (ValueError, UnicodeDecodeError) as exc:
         return f"{name} is not valid JSON ({exc}); ask the student to submit the notebook again"
     try:
@@ -188,6 +197,10 @@ def find(c: Course, a: Assignment) -> tuple[list[Submission], list[Rejected]]:
         if a.roster and student not in a.roster:
             bad.append(Rejected(student, a.lab, f"unknown student {student!r}: not in the gradebook's "
                                 f"roster; if they are in the class, `nbgrader db student add {student}`"))
+            continue
+        unsafe = unsafe_entry(folder, c.submitted)  # first: nothing of such a folder is read or copied
+        if unsafe:
+            bad.append(Rejected(student, a.lab, unsafe))
             continue
         problems = [p for name, ids in sorted(a.notebooks.items())
                     if (p := notebook_problem(folder / f"{name}.ipynb", ids))]

@@ -40,9 +40,60 @@ def select(root: Path, lab: str, force: bool, out=None) -> tuple[inputs.Course, 
     return c, todo, progress
 
 
-def announce(c: inputs.Course, lab: str, todo: list, progress: Progress, how: str) -> None:
+#: Seconds added to the default ``--timeout``: starting the kernel and the boxes, nbgrader's own steps
+#: and the feedback, on a loaded machine (a correct lab 00 submission took 50-80 s in all on the 2-core
+#: test machine, graded two at a time).
+TIMEOUT_MARGIN = 600
+
+
+def cell_counts(c: inputs.Course, lab: str) -> tuple[int, int]:
+    """(code cells, test cells) of the lab's notebooks in the source folder: the assignment's, not a student's."""
+    import nbformat
+
+    code = tests = 0
+    for path in sorted((c.source / lab).glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type == "code":
+                meta = cell.metadata.get("nbgrader", {})
+                code += 1
+                tests += bool(meta.get("grade") and not meta.get("solution"))
+    return code, tests
+
+
+def default_timeout(c: inputs.Course, lab: str) -> float | None:
+    """The default ``--timeout``: what the grader's own limits allow one submission, plus ``TIMEOUT_MARGIN``.
+
+    ``Execute.timeout`` (the course's, 300 s) for each code cell of the
+    lab's notebooks, and as much again for each test cell (handing its
+    answers in, and its share of the sandbox, which gets ``Execute.timeout``
+    per test cell).  Only a submission stuck past every one of those limits
+    reaches it; a kernel killed and restarted many times (each restart
+    replays the cells above) can need more.  None when cells have no time
+    limit (``Execute.timeout = None``).
+    """
+    from ..grading.autograde import GuardedExecute
+
+    per_cell = GuardedExecute(config=inputs.load_config(c.root)).timeout
+    if not per_cell:
+        return None
+    code, tests = cell_counts(c, lab)
+    return float(per_cell * (code + 2 * tests) + TIMEOUT_MARGIN)
+
+
+def submission_timeout(c: inputs.Course, lab: str, given: float | None) -> float | None:
+    """The seconds one submission may take: ``given`` (0: no limit), else ``default_timeout``."""
+    if given is None:
+        return default_timeout(c, lab)
+    return given or None
+
+
+def announce(c: inputs.Course, lab: str, todo: list, progress: Progress, how: str,
+             timeout: float | None = None) -> None:
     print(f"parlab grade {lab}: {len(todo)} to grade {how}, {len(progress.skipped)} unchanged, "
           f"{len(progress.rejected)} rejected (work dir {c.workdir})", file=progress.out, flush=True)
+    if todo:
+        limit = f"at most {timeout:g} s each" if timeout else "no time limit"
+        print(f"          {limit} (--timeout)", file=progress.out, flush=True)
     for student, why in sorted(progress.rejected.items()):
         print(f"          {student:<16} rejected {why}", file=progress.out, flush=True)
 

@@ -74,7 +74,8 @@ def grade_class(root: Path, lab: str, workers: int | None = None, resume: bool =
                 force: bool = False, timeout: float | None = None, out=None) -> Progress:
     c, todo, progress = plan.select(root, lab, force, out)
     n = workers or default_workers(lab)
-    plan.announce(c, lab, todo, progress, f"with {n} worker{'s' * (n != 1)}")
+    timeout = plan.submission_timeout(c, lab, timeout)
+    plan.announce(c, lab, todo, progress, f"with {n} worker{'s' * (n != 1)}", timeout)
     if not todo:
         return progress
     queue, template = plan.begin(c, lab, todo, progress, resume)

@@ -60,7 +60,8 @@ def prepare(c: Course, sub: Submission, template_db: Path) -> Path:
     shutil.copy(c.root / "nbgrader_config.py", root / "nbgrader_config.py")
     shutil.copytree(c.source / sub.lab, root / c.source.relative_to(c.root) / sub.lab,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-    shutil.copytree(sub.folder, root / c.submitted.relative_to(c.root) / sub.student / sub.lab)
+    # links stay links (``inputs.find`` refused any; one made since is refused by GuardedExecute, unread)
+    shutil.copytree(sub.folder, root / c.submitted.relative_to(c.root) / sub.student / sub.lab, symlinks=True)
     restore_cell_roles(c.source / sub.lab, root / c.submitted.relative_to(c.root) / sub.student / sub.lab)
     shutil.copy(template_db, root / "gradebook.db")
     (root / "digest").write_text(sub.digest)
@@ -82,7 +83,7 @@ def restore_cell_roles(source: Path, submission: Path) -> None:
 
     for path in submission.glob("*.ipynb"):
         master = source / path.name
-        if not master.is_file():
+        if not master.is_file() or path.is_symlink() or not path.is_file():  # never written through a link
             continue
         roles = {m["grade_id"]: m for cell in nbformat.read(master, as_version=4).cells
                  if "grade_id" in (m := cell.get("metadata", {}).get("nbgrader", {}))}

@@ -283,6 +283,76 @@ def _write(path: Path, value) -> bool:
         return False
 
 
+#: The source name of a box folder's tmpfs in /proc/self/mountinfo (how a stale one is found).
+TMPFS_SOURCE = "parlab-box"
+#: How GuardedExecute names its work folders (``tempfile.mkdtemp(prefix=...)``).
+WORKDIR_PREFIX = "parlab-autograde-"
+#: In a work folder: "PID START" of the grader using it, written before its box folder is mounted.
+_LIVE = "grader.pid"
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(folder: Path, size: int) -> bool:
+    """Mount a tmpfs of ``size`` bytes on ``folder`` (root only); whether it was mounted."""
+    if os.geteuid() != 0:
+        return False
+    flags = 2 | 4  # MS_NOSUID | MS_NODEV (not noexec: torch may compile and load code in a launch folder)
+    options = f"size={size},mode=0700".encode()
+    return _libc().mount(TMPFS_SOURCE.encode(), os.fsencode(folder), b"tmpfs", flags, options) == 0
+
+
+def _unmount(folder: Path) -> None:
+    """Detach the tmpfs on ``folder`` (its files go with it)."""
+    _libc().umount2(os.fsencode(folder), 2)  # MNT_DETACH
+
+
+def remove_stale_mounts() -> int:
+    """Detach the box folders' tmpfs left by graders killed before closing their box; how many.
+
+    A box folder's tmpfs sits on ``.../parlab-autograde-*/box``; it is stale
+    once no process has that folder's parent as its own (every grader keeps
+    its work folder until its box is closed, see ``GuardedExecute.preprocess``)
+    and no live process has a file open under it.  Root only.
+    """
+    if os.geteuid() != 0:
+        return 0
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return 0
+    stale = 0
+    for line in lines:
+        fields = line.split(" - ", 1)
+        if len(fields) != 2 or not fields[1].startswith(f"tmpfs {TMPFS_SOURCE} "):
+            continue
+        where = fields[0].split()[4].encode().decode("unicode_escape")
+        if Path(where).name != "box" or not Path(where).parent.name.startswith(WORKDIR_PREFIX):
+            continue
+        if _in_use(where):
+            continue
+        _unmount(Path(where))
+        shutil.rmtree(Path(where).parent, ignore_errors=True)
+        stale += 1
+    return stale
+
+
+
+def _in_use(box_dir: str) -> bool:
+    """Whether the grader that made this box folder still runs (its pid file names a live process)."""
+    try:
+        pid, token = (Path(box_dir).parent / _LIVE).read_text().split()
+    except (OSError, ValueError):
+        return False
+    from ..launch.procs import same_process
+
+    return same_process(int(pid), token)
+
+
 @dataclass(frozen=True)
 class Spec:
     """What the entry step needs to build a box: written by ``Box``, read by ``main``."""
@@ -312,9 +382,18 @@ class Box:
         self.limits = limits
         self.bwrap = bwrap_path()
         self.dir = Path(workdir) / "box"
+        self.dir.mkdir(mode=0o700)
+        from ..launch.procs import start_time
+
+        (Path(workdir) / _LIVE).write_text(f"{os.getpid()} {start_time(os.getpid())}")  # before the mount
+        remove_stale_mounts()
+        # what the boxes write that the grader reads (answers, the ranks' launch folders) is on the
+        # grader's disk: as root, in a tmpfs of this box's own, bounded like the box's scratch
+        self.mounted = _mount_tmpfs(self.dir, limits.scratch_bytes)
         self.handin, self.ipc = self.dir / "handin", self.dir / "ipc"
-        for folder in (self.handin, self.ipc):
-            folder.mkdir(parents=True, mode=0o700)
+        self.launches = self.dir / "launches"  # the sandbox's TMPDIR: its ranks' launch folders
+        for folder in (self.handin, self.ipc, self.launches):
+            folder.mkdir(mode=0o700)
         self._claim = None
         if os.geteuid() == 0:
             self.uid, self._claim = _claim_uid()
@@ -349,7 +428,7 @@ class Box:
 
     def agent_wrapper(self) -> str:
         """The value of ``parlab.launch.job.WRAPPER_ENV`` for the sandbox: its ranks start boxed."""
-        return json.dumps({"command": self.command("ranks"), "uid": self.uid})
+        return json.dumps({"command": self.command("ranks"), "uid": self.uid, "pid_namespace": True})
 
     # ------------------------------------------------------------ bounds reached
     def counters(self) -> dict[str, int]:
@@ -428,6 +507,9 @@ class Box:
                     break
                 except OSError:
                     time.sleep(0.05)  # the last processes are still being reaped
+        if self.mounted:
+            _unmount(self.dir)
+            self.mounted = False
         if self._claim is not None:
             os.close(self._claim)
             (UID_CLAIMS / str(self.uid)).unlink(missing_ok=True)
@@ -465,12 +547,10 @@ def bwrap_args(spec: dict, mode: str, cwd: str) -> list[str]:
     size = str(spec["limits"]["scratch_bytes"])
     args = [spec["bwrap"], "--die-with-parent", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--hostname", HOSTNAME]
-    if mode == "kernel":
-        args += ["--unshare-pid"]
+    args += ["--unshare-pid"]  # both boxes: the host's processes are neither seen nor signalled
     # the box's own hostname names its loopback (torchrun's rendezvous looks the hostname up)
     args += ["--ro-bind", "/", "/", "--ro-bind", spec["hosts"], "/etc/hosts", "--dev", "/dev"]
-    if mode == "kernel":
-        args += ["--proc", "/proc"]
+    args += ["--proc", "/proc"]  # the pid namespace's own
     for dev in sorted(Path("/dev").glob("nvidia*")):  # GPUs stay usable in the box
         args += ["--dev-bind", str(dev), str(dev)]
     for folder in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -530,7 +610,9 @@ def _tasks_of(uid: int) -> int:
 
 def _set_limits(spec: dict) -> None:
     limits = spec["limits"]
-    settings = [(resource.RLIMIT_CORE, 0)]
+    # no file larger than a scratch folder, wherever it is written (a folder the grader reads is on
+    # the grader's disk; as root it is also a bounded tmpfs, see Box); Python ignores SIGXFSZ: EFBIG
+    settings = [(resource.RLIMIT_CORE, 0), (resource.RLIMIT_FSIZE, limits["scratch_bytes"])]
     # the box's uid is its own when root claimed one; otherwise the grader's, whose processes count too
     # RLIMIT_NPROC binds first: it refuses a fork before the kernel copies anything, where the pids
     # cgroup (the backstop, a little higher) refuses only after copying the whole address space

@@ -137,9 +137,17 @@ class Job:
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
     def _pids(self) -> dict:
-        """The ranks' pid files; under a wrapper only those naming a process of the boxed uid."""
+        """The ranks' pid files; under a wrapper only those naming a process of the boxed uid.
+
+        A wrapper whose box has a pid namespace of its own (``"pid_namespace"``)
+        writes the pids it sees there: each is mapped to this side's pid among
+        the agent's descendants, and one that maps to none is ignored.
+        """
         pids = self.job.pids()
         if self.wrapper is not None:
+            if self.wrapper.get("pid_namespace"):
+                here = procs.namespace_pids(self.agent.pid)
+                pids = {r: (here[pid], token) for r, (pid, token) in pids.items() if pid in here}
             pids = {r: p for r, p in pids.items() if _uid_of(p[0]) == self.wrapper["uid"]}
         return pids
 
@@ -354,7 +362,10 @@ class Job:
         return stacks
 
     def _load_result(self, r: int):
-        data = self.job.read_bytes("result", r)
+        try:
+            data = self.job.read_bytes("result", r)
+        except OSError as exc:  # gone, or a link or FIFO a rank put in its place (parlab.plainfile)
+            raise LaunchError(f"rank {r}'s result could not be read in the notebook ({exc})") from None
         try:
             return decode_plain(data) if self.plain_results else decode(data)
         except Exception as exc:  # noqa: BLE001

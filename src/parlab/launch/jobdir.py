@@ -23,6 +23,10 @@ file            written by  holds
 
 Every file that is read while it may be written (pid, result, error) is
 written to ``<name>.part`` and renamed, so a reader sees all of it or none.
+The ranks' files are read only as plain files (``parlab.plainfile``): a
+rank that puts a link or a FIFO in their place (in a grading box, where the
+reader is the trusted grader) is read as a missing file, never through the
+link and never waiting.
 """
 from __future__ import annotations
 
@@ -31,6 +35,8 @@ import os
 import pickle
 import stat
 import tempfile
+
+from ..plainfile import open_plain, read_plain
 
 #: Every process of a launch inherits this variable, set to the launch's folder.
 JOB_ENV = "PARLAB_JOB_DIR"
@@ -99,8 +105,7 @@ class JobDir:
         for name in os.listdir(self.path) if os.path.isdir(self.path) else []:
             if name.startswith("pid.") and name[4:].isdigit():
                 try:
-                    with open(os.path.join(self.path, name)) as f:
-                        pid, token = f.read().split()
+                    pid, token = read_plain(os.path.join(self.path, name)).decode().split()
                     pids[int(name[4:])] = (int(pid), None if token == "None" else token)
                 except (OSError, ValueError):
                     pass
@@ -117,21 +122,19 @@ class JobDir:
         errors = {}
         for r in range(nproc):
             try:
-                with open(self.file("error", r), "rb") as f:
-                    data = f.read()
+                data = read_plain(self.file("error", r))
             except OSError:
                 continue
             errors[r] = checked_record(data, r)
         return errors
 
     def read_bytes(self, kind: str, rank: int) -> bytes:
-        with open(self.file(kind, rank), "rb") as f:
-            return f.read()
+        return read_plain(self.file(kind, rank))
 
     def read_text(self, kind: str, rank: int, last_bytes: int | None = None) -> str:
         """The file's text (its last ``last_bytes`` only, if given), or "" when missing."""
         try:
-            with open(self.file(kind, rank), "rb") as f:
+            with os.fdopen(open_plain(self.file(kind, rank)), "rb") as f:
                 if last_bytes is not None:
                     f.seek(max(0, os.fstat(f.fileno()).st_size - last_bytes))
                 return f.read().decode("utf-8", "replace")
@@ -140,8 +143,7 @@ class JobDir:
 
     def agent_text(self) -> str:
         try:
-            with open(self.agent_log, "rb") as f:
-                return f.read().decode("utf-8", "replace")
+            return read_plain(self.agent_log).decode("utf-8", "replace")
         except OSError:
             return ""
 

@@ -15,6 +15,8 @@ import html
 import os
 import sys
 
+from ..plainfile import NotPlainFile, open_plain, read_plain
+
 MAX_LINE_CHARS = 1000
 TRUNCATE_BYTES = 32 * 2**20
 
@@ -221,18 +223,27 @@ class FileTail:
         self.offset = 0
         self.partial = b""
 
-    def read_lines(self, final: bool = False) -> list[str]:
+    def _truncate(self) -> bool:
+        """Empty the file (the file itself, never a link's target); False if it is not a plain file."""
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
+            fd = open_plain(self.path, write=True)
+        except OSError:
+            return False
+        try:
+            os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+        return True
+
+    def read_lines(self, final: bool = False) -> list[str]:
+        try:  # never through a link or from a FIFO a rank put in its place (parlab.plainfile)
+            data = read_plain(self.path, self.offset)
+        except (FileNotFoundError, NotPlainFile):
             return []
         self.offset += len(data)
-        if self.offset > TRUNCATE_BYTES:
+        if self.offset > TRUNCATE_BYTES and self._truncate():
             # A rank printing in a loop must not fill the disk: drop what was
             # read (the budget already hides it) and keep appending from zero.
-            os.truncate(self.path, 0)
             self.offset = 0
         data = self.partial + data
         lines = data.split(b"\n")

@@ -56,6 +56,31 @@ def start_time(pid: int) -> str | None:
         return "other-user"
 
 
+def namespace_pids(root: int) -> dict[int, int]:
+    """{pid inside its own pid namespace: pid here} for every descendant of ``root``.
+
+    A box with a pid namespace of its own (``parlab.grading.boundary``) names
+    its processes by the pids it sees; the last field of ``NSpid`` in
+    /proc/PID/status is that pid.  Only ``root``'s descendants are mapped, so a
+    pid a box writes can only ever name one of its own processes here.
+    """
+    found: dict[int, int] = {}
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return found
+    for child in children:
+        try:
+            with open(f"/proc/{child.pid}/status") as f:
+                line = next((ln for ln in f if ln.startswith("NSpid:")), "")
+        except OSError:
+            continue
+        inner = line.split()[-1:] if line else []
+        if inner and inner[0].isdigit():
+            found.setdefault(int(inner[0]), child.pid)
+    return found
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

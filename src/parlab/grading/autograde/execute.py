@@ -48,6 +48,7 @@ again) and grading goes on, so the other exercises are still scored.
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import json
 import os
@@ -57,6 +58,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import DeadKernelError
@@ -66,7 +68,8 @@ from nbgrader.preprocessors import Execute
 from traitlets import Bool, Integer
 
 from ...launch.job import WRAPPER_ENV
-from ..boundary import Box, Limits
+from ...plainfile import NotPlainFile, open_plain, unsafe_entry
+from ..boundary import WORKDIR_PREFIX, Box, Limits
 from ..harness import AUTOGRADE_ENV
 
 _LAB = re.compile(r"lab\d\d")
@@ -108,6 +111,10 @@ def _error(ename: str, message: str) -> NotebookNode:
 
 def _stdout(text: str) -> NotebookNode:
     return NotebookNode(output_type="stream", name="stdout", text=text)
+
+
+class UnsafeSubmission(RuntimeError):
+    """The submitted folder holds something other than plain files and folders (the message names it)."""
 
 
 class BoxedKernelManager(AsyncKernelManager):
@@ -157,8 +164,31 @@ class GuardedExecute(Execute):
     def _limits(self) -> Limits:
         return Limits(self.box_memory_mb << 20, self.box_processes, self.box_scratch_mb << 20)
 
+    def _refuse_unsafe_submission(self, resources) -> None:
+        """Under ``nbgrader autograde``: refuse a submitted folder holding a link, FIFO, socket, device or hard link.
+
+        nbgrader has already copied its other files into ``autograded/``
+        (through any link); failing here, before a kernel starts, makes
+        nbgrader remove that folder and grade nothing of the submission.
+        ``parlab grade`` refuses such a folder before it copies anything.
+        """
+        info = (resources or {}).get("nbgrader", {})
+        if not (info.get("student") and info.get("assignment")):
+            return  # not run by an nbgrader converter
+        coursedir = getattr(getattr(self.parent, "parent", None), "coursedir", None)
+        if coursedir is None:
+            from nbgrader.coursedir import CourseDirectory
+
+            coursedir = CourseDirectory(config=self.config)
+        folder = Path(coursedir.format_path(coursedir.submitted_directory, info["student"], info["assignment"]))
+        problem = unsafe_entry(folder, folder.parent.parent) if folder.is_dir() else None
+        if problem:
+            self.log.error("parlab: %s", problem)
+            raise UnsafeSubmission(problem)
+
     def preprocess(self, nb, resources=None, km=None):
-        self._workdir = tempfile.mkdtemp(prefix="parlab-autograde-")
+        self._refuse_unsafe_submission(resources)
+        self._workdir = tempfile.mkdtemp(prefix=WORKDIR_PREFIX)
         self._killers: set[int] = set()
         self._pending: list[tuple[int, list[dict]]] = []  # test cells whose answers were handed in
         self._box = None
@@ -232,10 +262,36 @@ class GuardedExecute(Execute):
             cell.outputs.extend(_note(n) for n in notes)
 
     # ------------------------------------------------------------ sandbox
+    def _handed_in(self) -> set[str]:
+        """The names of the answers handed in so far (the hand-in folder holds nothing else of value)."""
+        return {os.path.basename(c["payload"]) for _, calls in self._pending for c in calls}
+
+    def _tidy_hand_in(self) -> None:
+        """Remove from the hand-in folder whatever the kernel put there that is no answer.
+
+        The folder is the box's to write and bounded (a tmpfs of the box's own,
+        as root): a cell that filled it would otherwise leave no room for the
+        answers of the cells after it, or for the ranks that grade them.
+        """
+        if self._box is None:  # unboxed: the hand-in folder is the work folder itself
+            return
+        folder, keep = str(self._box.handin), self._handed_in()
+        for entry in os.scandir(folder):
+            if entry.name in keep:
+                continue
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+
     def _hand_in(self, calls: list[dict], index: int) -> str | None:
         """Pickle each call's answer from the kernel as it is now; a message if one could not be."""
+        self._tidy_hand_in()
         for k, call in enumerate(calls):
             call["payload"] = os.path.join(os.environ[AUTOGRADE_ENV], f"cell{index}-{k}.pkl")
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(call["payload"])  # what the kernel put there beforehand (a FIFO, a link) is not an answer
             problem = self._dump(call["answer"], call["payload"], index)
             if problem:
                 return problem
@@ -248,6 +304,7 @@ class GuardedExecute(Execute):
         if self._box is not None:
             self._box.end_processes()  # the kernel's box is gone; so is anything it left
             self._box.bounds_hit()     # what the kernel's cells reached is noted already
+        self._tidy_hand_in()  # room for the ranks' launch folders beside the answers
         results, crash = self._sandbox(self._pending)
         for index, calls in self._pending:
             got = results.get(index)
@@ -276,10 +333,15 @@ class GuardedExecute(Execute):
         except DeadKernelError:
             self._restart_and_replay(index)
             return f"the kernel died while handing in {answer} for grading."
-        if os.path.exists(path):
+        try:
+            os.close(open_plain(path))  # a file the kernel wrote; not a link, a FIFO or a folder put in its place
             return None
+        except NotPlainFile as exc:
+            why = f" (the hand-in file is {exc.strerror})"
+        except OSError:
+            why = ""
         errors = [o for o in probe.outputs if o.get("output_type") == "error"]
-        why = f" ({errors[0]['ename']}: {errors[0]['evalue']})" if errors else ""
+        why = f" ({errors[0]['ename']}: {errors[0]['evalue']})" if errors else why
         return (f"{answer} could not be handed in for grading{why}. Did the cell that defines it "
                 "run without an error?")
 
@@ -297,8 +359,7 @@ class GuardedExecute(Execute):
         env = {k: v for k, v in os.environ.items() if k != AUTOGRADE_ENV}
         if self._box is not None:
             env[WRAPPER_ENV] = self._box.agent_wrapper()  # the ranks start in the box; this process does not
-            env["TMPDIR"] = os.path.join(self._workdir, "launches")  # launch folders of this sandbox only
-            os.makedirs(env["TMPDIR"], mode=0o700)
+            env["TMPDIR"] = str(self._box.launches)  # launch folders of this sandbox only, in the box's bounded folder
         proc = subprocess.Popen([sys.executable, "-m", "parlab.grading.autograde.sandbox", request],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)

@@ -25,29 +25,27 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import re
-import stat
 import sys
 import time
 from pathlib import Path
 
+from ...plainfile import read_plain
 from ..harness import Payload, grade_batch, summary
 from .shared_launches import grade_shared
 
 
 def _payload(call: dict) -> Payload:
-    """The answer's bytes as the kernel left them: a plain file, never a link the kernel put there."""
-    fd = os.open(call["payload"], os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{call['payload']} is not a plain file")
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return Payload(f.read())
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    """The answer's bytes as the kernel left them: a plain file, never a link or a FIFO the kernel put there.
+
+    Raises ``NotPlainFile`` (an OSError) for anything else, without waiting.
+    """
+    return Payload(read_plain(call["payload"]))
+
+
+def _not_handed_in(call: dict, exc: OSError) -> dict:
+    return {"passed": False, "message": f"{call['name']} was not handed in for grading: its file is "
+            f"{exc.strerror or exc}. It scores 0."}
 
 
 def _exercise(call: dict):
@@ -73,7 +71,10 @@ def grade_request(call: dict) -> dict:
     if exercise is None:
         return {"passed": False, "message": f"unknown check {call['lab']}.{call['check']}"}
     name, hidden = str(call["name"]), bool(call["hidden"])
-    answer = _payload(call)
+    try:
+        answer = _payload(call)
+    except OSError as exc:
+        return _not_handed_in(call, exc)
     message = grade_batch({exercise: {name: answer}}, hidden=hidden, catch=False,
                           isolate=True)[(exercise.key, name)]
     return _verdict(exercise, call, message)
@@ -83,13 +84,15 @@ def shared_verdicts(cells: list[dict], deadline: float | None = None) -> dict:
     """{(cell key, call index): verdict} for the calls graded in shared launches (until ``deadline``)."""
     items, known = [], {}  # known: key -> (exercise, call)
     for cell in cells:
-        for i, call in enumerate(cell["calls"]):
-            exercise = _exercise(call)
-            if exercise is not None:
-                key = (cell["key"], i)
-                known[key] = exercise, call
-                items.append((key, str(call["name"]), exercise,
-                              _payload(call), bool(call["hidden"])))
+        calls = [(i, call, exercise) for i, call in enumerate(cell["calls"])
+                 if (exercise := _exercise(call)) is not None]
+        try:
+            answers = [_payload(call) for _, call, _ in calls]
+        except OSError:
+            continue  # an answer not in a plain file: the cell is graded alone, where that is its verdict
+        for (i, call, exercise), answer in zip(calls, answers):
+            known[(cell["key"], i)] = exercise, call
+            items.append(((cell["key"], i), str(call["name"]), exercise, answer, bool(call["hidden"])))
     after = {(cell, i): (cell, i - 1) for cell, i in known if i > 0}  # a cell stops at its first failure
     return {key: _verdict(*known[key], message)
             for key, message in grade_shared(items, after=after, deadline=deadline).items()}
