@@ -43,8 +43,9 @@ README_CUTS = (r"^make test [^\n]*\n",
                r" `tests/wrong_answers/` keeps, per lab, .*? every correct one passes\.",
                r" Instructors: see `docs/instructor\.md`;\s+`make release` regenerates `labs/` from `solutions/` "
                r"with nbgrader\.",
-               r" \(Run as root for the full boundary; what differs otherwise,\s+and what it costs, is in "
-               r"`docs/instructor\.md`\.\)")
+               # any line breaks: the README is rewrapped when its sentences change
+               r" \(Run\s+as\s+root\s+for\s+the\s+full\s+boundary;\s+what\s+differs\s+otherwise,\s+and\s+what\s+it\s+"
+               r"costs,\s+is\s+in\s+`docs/instructor\.md`\.\)")
 CACHES = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".ipynb_checkpoints")
 HEADER = ("> This is the student edition of parlab, built from the course repository by "
           "`make student-dist`: the helper package and the released labs, without solutions or tests.\n\n")

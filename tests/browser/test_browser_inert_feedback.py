@@ -67,6 +67,10 @@ COURSE = "parlab"  # the course's folder in the instructor's home, as hub/instru
 #: Where each piece of script sits; each writes pwned-<where>.txt if it runs.
 FROM_OUTPUTS = ("html-script", "html-onerror", "js")
 FROM_MARKDOWN = ("md-script", "md-onerror")
+#: In an image's metadata: nbconvert writes its width into the tag unquoted, and sanitize_html leaves it.
+FROM_METADATA = ("img-width",)
+#: A 1x1 PNG, so that the image loads (and an onload in its tag runs).
+DOT_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
 
 
 def payload(where: str) -> str:
@@ -80,6 +84,13 @@ def payload(where: str) -> str:
             f"body:JSON.stringify({{type:'file',format:'text',content:'{where}'}})}});}})()")
 
 
+def width_attack() -> str:
+    """An image width that is also an attribute: no space, quote or angle bracket of its own."""
+    import base64
+
+    return "1 onload=eval(atob('" + base64.b64encode(payload("img-width").encode()).decode() + "'))"
+
+
 DISPLAYS = f'''
 
 from IPython.display import HTML, Javascript, display
@@ -89,6 +100,8 @@ display(HTML({'<b>shown</b><script>' + payload('html-script') + '</script><img s
 display(Javascript({payload('js')!r}))
 display({{"image/svg+xml": {'<svg xmlns="http://www.w3.org/2000/svg" onload="' + payload('svg') + '"/>'!r},
          "text/plain": "an svg"}}, raw=True)
+display({{"image/png": {DOT_PNG!r}, "text/plain": "a dot"}}, raw=True,
+        metadata={{"image/png": {{"width": {width_attack()!r}}}}})
 '''
 MARKDOWN = f"""My notes on weight_bytes.
 
@@ -296,6 +309,11 @@ def test_graded_notebook_holds_only_inert_outputs(graded):
                for cell in kernel_left.cells if cell.cell_type == "code" for out in cell.outputs)
     # ... what grading stored holds plain text only, and the markdown cell's HTML as a code block
     assert kinds(stored) <= {"text/plain", "image/png", "image/jpeg"}, kinds(stored)
+    # the dot's width, an attribute of the student's, is gone; the dot is kept
+    dots = [out for nb in (kernel_left, stored) for cell in nb.cells if cell.cell_type == "code"
+            for out in cell.outputs if out.get("data", {}).get("text/plain") == "a dot"]
+    assert [d["metadata"] for d in dots] == [{"image/png": {"width": width_attack()}}, {}], dots
+    assert dots[1]["data"]["image/png"] == DOT_PNG
     (notes,) = [c for c in stored.cells if c.cell_type == "markdown" and "My notes" in c.source]
     assert notes.source.startswith("*parlab: this cell held HTML") and "\n```\nMy notes" in notes.source, notes.source
     # the displays cost nothing: the answer is still right
@@ -305,18 +323,20 @@ def test_graded_notebook_holds_only_inert_outputs(graded):
 
 
 def test_without_the_fix_the_attack_runs_and_writes(graded, chromium):
-    """The notebook as the kernel left it: live before (no sanitizer); in the formgrader, markdown still live."""
+    """The notebook as the kernel left it: live before (no sanitizer); in the formgrader, the markdown and
+    the image's width still live (sanitize_html covers neither)."""
     page = instructor_page(graded, chromium)
     seen = visit(page, serve(page, graded["server"], "before", render(graded["executed"])))
-    assert_ran(seen, graded, FROM_OUTPUTS + FROM_MARKDOWN)
+    assert_ran(seen, graded, FROM_OUTPUTS + FROM_METADATA + FROM_MARKDOWN)
 
     # the real formgrader (it reads HTMLExporter.sanitize_html from the course's config) on that notebook,
-    # put in place of the graded one for this visit: the outputs' scripts are escaped, the markdown's are not
+    # put in place of the graded one for this visit: the outputs' scripts are escaped, the markdown's and
+    # the image width's are not
     stored, kept = graded["autograded"], graded["autograded"].with_suffix(".kept")
     os.replace(stored, kept)
     try:
         shutil.copyfile(graded["executed"], stored)
-        assert_ran(visit(page, formgrader_url(graded)), graded, FROM_MARKDOWN)
+        assert_ran(visit(page, formgrader_url(graded)), graded, FROM_MARKDOWN + FROM_METADATA)
     finally:
         os.replace(kept, stored)
 

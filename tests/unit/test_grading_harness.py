@@ -96,6 +96,11 @@ def test_spy_records_collectives_reached_around_dist(tmp_path):
             ("all_reduce", "ProcessGroup.allreduce"), ("broadcast", "Backend.broadcast"),
             ("all_reduce", "torch.ops._c10d_functional.all_reduce"), ("all_reduce", None)]
         assert call_name(spy.record(), "broadcast") == "Backend.broadcast (what dist.broadcast runs)"
+        from torch.distributed import all_reduce  # bound before watch(): never the patched dist.all_reduce
+        spy = Spy()
+        with spy.watch():
+            all_reduce(t)
+        assert [(c["op"], c.get("via")) for c in spy.record()["calls"]] == [("all_reduce", "ProcessGroup.allreduce")]
         group.allreduce([t]).wait()  # the class's methods still bind self after watch()
     finally:
         dist.destroy_process_group()

@@ -109,6 +109,15 @@ def test_display_outputs_keep_plain_text_and_raster_images():
     plain = {"output_type": "display_data", "metadata": {}, "data": {"text/plain": "1", "image/jpeg": "/9j/"}}
     assert inert_bundle(plain) == [] and plain["data"] == {"text/plain": "1", "image/jpeg": "/9j/"}
 
+    # the templates write an image's width and height unquoted into its tag: only whole numbers stay
+    sized = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo="},
+             "metadata": {"image/png": {"width": "1 onerror=alert(1)", "height": 20.0, "x": "y"}, "other": "z"}}
+    assert inert_bundle(sized) == [] and sized["metadata"] == {"image/png": {"height": 20}}
+    # and data that is not base64 would close the src="data:..." attribute
+    forged = {"output_type": "display_data", "metadata": {},
+              "data": {"image/png": '" onerror="alert(1)', "text/plain": "img"}}
+    assert inert_bundle(forged) == ["image/png"] and forged["data"] == {"text/plain": "img"}
+
 
 def test_every_code_cell_and_the_students_markdown_are_made_inert():
     """A locked test cell's display is the kernel's too (an earlier cell can replace ``display``); the

@@ -257,6 +257,29 @@ def hello_writes_stdout():
     return message
 
 
+def hello_writes_fd_one():
+    # Printed all the same: the spy reads what reached the rank's standard output (fd 1).
+    message = _greeting()
+    os.write(1, (message + "\n").encode())
+    return message
+
+
+def hello_prints_to_the_real_stdout():
+    message = _greeting()
+    print(message, file=sys.__stdout__, flush=True)
+    return message
+
+
+def hello_fills_the_spys_copy():
+    # Not a mistake but a trick (issue 40): never prints, and puts the greeting where the rule spy
+    # kept its copy of stdout when it teed sys.stdout; the spy now reads fd 1 itself.
+    message = _greeting()
+    copy = getattr(sys.stdout, "_copy", None)
+    if isinstance(copy, list):
+        copy.append(message + "\n")
+    return message
+
+
 def weight_numpy(n, b):
     return np.float64(n) * b
 
@@ -297,7 +320,8 @@ def days_with_cost(n, tokens, gpus, peak, mfu):
 
 
 CORRECT = {
-    "hello": [hello_flushes, hello_from_environment, hello_print_with_commas, hello_writes_stdout],
+    "hello": [hello_flushes, hello_from_environment, hello_print_with_commas, hello_writes_stdout,
+              hello_writes_fd_one, hello_prints_to_the_real_stdout],
     "weight_bytes": [weight_numpy, weight_with_cost],
     "training_state_bytes": [state_itemised, state_with_cost],
     "gpus_to_hold_state": [gpus_integer_ceiling, gpus_numpy, gpus_from_state],
@@ -319,6 +343,7 @@ WRONG = {
         (hello_prints_on_rank0_only, "rank 1 printed nothing"),
         (hello_prints_something_else, "no line 'hello from rank 0 of 2'"),
         (hello_prints_to_stderr, "nothing on standard output"),
+        (hello_fills_the_spys_copy, "rank 0 printed nothing"),
     ],
     "weight_bytes": [
         (weight_bits, "bits, not bytes"),

@@ -28,20 +28,21 @@ gradebook), ``$HOME``, ``/root``, ``/home`` and ``/tmp``; the Python
 environment and the installed package bound back read-only; a bounded
 writable scratch (``--size N --tmpfs``); a network namespace of its own
 (``--unshare-net``: loopback only); an environment cleared to a short list
-(``--clearenv``: no ``JUPYTERHUB_API_TOKEN`` or the like).  The kernel's box
-also has a pid namespace of its own: it sees only its own processes, and all
-of them die with it.  The ranks' box keeps the host's pids, because the
-launcher names ranks by pid (``parlab.launch.procs``); there the separate
-uid is what keeps the grader out of reach, and the launcher believes a
-rank's pid file only for a process of that uid
-(``parlab.launch.job.WRAPPER_ENV``).
+(``--clearenv``: no ``JUPYTERHUB_API_TOKEN`` or the like).  Each box has a
+pid namespace and a ``/proc`` of its own: it sees only its own processes,
+cannot signal any other, and all of them die with it.  The launcher names
+a boxed rank by the pid the rank writes, mapped to its own side's pid among
+the launch's descendants (``parlab.launch.procs.namespace_pids``), and
+believes it only for a process of the box's uid
+(``parlab.launch.job.WRAPPER_ENV``).  The folders the grader reads back
+(the hand-in folder, the ranks' launch folders) are, as root, a tmpfs of
+the box's own; ``RLIMIT_FSIZE`` bounds every file a box writes.
 
-A non-root grader cannot change uid or, usually, create cgroups: then the
-boxes run as the grader's own uid in a user namespace, bounded by the
-per-process limits only, and the ranks' box can see and signal the
-grader's processes (``docs/instructor.md`` says what differs).
+A non-root grader cannot change uid, mount or, usually, create cgroups:
+then the boxes run as the grader's own uid in a user namespace, bounded by
+the per-process limits only (``docs/instructor.md`` says what differs).
 
-(One module, about 590 lines: the box's spec, its command line, the uid
+(One module, about 700 lines: the box's spec, its command line, the uid
 and cgroup claims and the trusted entry step are one boundary, read and
 reviewed together; split, each part would be checked without the others.)
 """
@@ -285,6 +286,9 @@ def _write(path: Path, value) -> bool:
 
 #: The source name of a box folder's tmpfs in /proc/self/mountinfo (how a stale one is found).
 TMPFS_SOURCE = "parlab-box"
+#: The box folder's tmpfs holds this many scratch folders' worth: the answers, and the ranks'
+#: launch folders with their output and TMPDIR (torch's caches).
+FOLDER_SCRATCHES = 2
 #: How GuardedExecute names its work folders (``tempfile.mkdtemp(prefix=...)``).
 WORKDIR_PREFIX = "parlab-autograde-"
 #: In a work folder: "PID START" of the grader using it, written before its box folder is mounted.
@@ -387,14 +391,25 @@ class Box:
 
         (Path(workdir) / _LIVE).write_text(f"{os.getpid()} {start_time(os.getpid())}")  # before the mount
         remove_stale_mounts()
-        # what the boxes write that the grader reads (answers, the ranks' launch folders) is on the
-        # grader's disk: as root, in a tmpfs of this box's own, bounded like the box's scratch
-        self.mounted = _mount_tmpfs(self.dir, limits.scratch_bytes)
+        # what the boxes write that the grader reads (answers, the ranks' launch folders and their
+        # TMPDIR) is on the grader's disk: as root, in a tmpfs of this box's own, twice the scratch
+        self.mounted = _mount_tmpfs(self.dir, FOLDER_SCRATCHES * limits.scratch_bytes)
+        self._claim = None
+        try:
+            self._set_up(Path(notebook_dir), limits)
+        except BaseException:
+            if self.mounted:  # a box never made is never closed: nothing of it may stay mounted
+                _unmount(self.dir)
+                self.mounted = False
+            if self._claim is not None:
+                os.close(self._claim)
+            raise
+
+    def _set_up(self, notebook_dir: Path, limits: Limits) -> None:
         self.handin, self.ipc = self.dir / "handin", self.dir / "ipc"
         self.launches = self.dir / "launches"  # the sandbox's TMPDIR: its ranks' launch folders
         for folder in (self.handin, self.ipc, self.launches):
             folder.mkdir(mode=0o700)
-        self._claim = None
         if os.geteuid() == 0:
             self.uid, self._claim = _claim_uid()
             self.gid = self.uid
@@ -410,7 +425,7 @@ class Box:
             _write(self.cgroups["memory"] / "memory.swap.max", 0)
         if "pids" in self.cgroups:
             _write(self.cgroups["pids"] / "pids.max", limits.processes + PIDS_BACKSTOP)
-        root = course_root(Path(notebook_dir).resolve())
+        root = course_root(notebook_dir.resolve())
         hidden = [str(p) for p in (root, project_root(), Path.home(), Path("/root"), Path("/home"))
                   if p is not None]
         self.spec_path = self.dir / "spec.json"  # in the workdir, which no box sees

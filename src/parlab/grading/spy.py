@@ -90,17 +90,21 @@ def _op_name(op: str) -> str:
     return names.get(base, base)
 
 
-#: torch's modules whose functions a student may call to reach a backend directly.
-_DIRECT_ENTRIES = (os.path.join(_TORCH_DIR, "distributed", "_functional_collectives.py"),)
+#: torch's modules whose functions a student may call to reach a backend directly: the functional
+#: collectives, and the ``dist`` functions themselves when bound to a name before ``watch()`` began
+#: (``from torch.distributed import all_reduce``), where the patched ``dist.<op>`` is never called.
+_DIRECT_ENTRIES = tuple(os.path.join(_TORCH_DIR, "distributed", name) for name in
+                        ("_functional_collectives.py", "distributed_c10d.py", "c10d_logger.py"))
 
 
 def _caller_is_torch(depth: int) -> bool:
     """Whether the call ``depth`` frames above the caller of this was made by torch's own code.
 
     A call from outside torch is not; nor is one from torch's functional
-    collectives (``torch.distributed._functional_collectives``) entered
-    straight from outside torch.  One made inside anything else torch runs
-    (DTensor, FSDP, a module's forward) is.
+    collectives or its ``dist`` functions entered straight from outside
+    torch (a ``dist`` function called through its patched name never gets
+    here: that call is recorded once, as ``dist.<op>``).  One made inside
+    anything else torch runs (DTensor, FSDP, a module's forward) is.
     """
     frame = sys._getframe(depth + 1)
     if not frame.f_code.co_filename.startswith(_TORCH_DIR):

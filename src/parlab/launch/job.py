@@ -92,6 +92,7 @@ class Job:
 
     def _start(self) -> None:
         self.agent, self.job, self.sink = None, None, None
+        self._host_pid = {}  # a new launch, new ranks
         spec = {
             "backend": self.backend,
             "pg_timeout": max(1.0, self.timeout / 2),
@@ -146,10 +147,17 @@ class Job:
         pids = self.job.pids()
         if self.wrapper is not None:
             if self.wrapper.get("pid_namespace"):
-                here = procs.namespace_pids(self.agent.pid)
-                pids = {r: (here[pid], token) for r, (pid, token) in pids.items() if pid in here}
+                pids = self._host_pids(pids)
             pids = {r: p for r, p in pids.items() if _uid_of(p[0]) == self.wrapper["uid"]}
         return pids
+
+    def _host_pids(self, pids: dict) -> dict:
+        """The ranks' (pid in their box, token) as (pid here, token); /proc is read only for new ones."""
+        known = self._host_pid  # (pid in the box, token) -> pid here, for this launch
+        if any(p not in known for p in pids.values()):
+            here = procs.namespace_pids(self.agent.pid)
+            known.update({(pid, token): here[pid] for pid, token in pids.values() if pid in here})
+        return {r: (known[p], p[1]) for r, p in pids.items() if p in known}
 
     def _agents(self) -> list:
         return getattr(self.agent, "agents", [self.agent])

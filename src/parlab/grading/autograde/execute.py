@@ -198,6 +198,10 @@ class GuardedExecute(Execute):
                 where = (resources or {}).get("metadata", {}).get("path") or os.getcwd()
                 self._box = Box(self._workdir, where, self._limits())
                 self.log.info("parlab: this submission's boxes run as uid %d", self._box.uid)
+                if os.geteuid() == 0 and not self._box.mounted:
+                    self.log.warning("parlab: the folder this submission's boxes write for the grader could "
+                                     "not be mounted as a tmpfs of its own (%s): only each file it writes is "
+                                     "bounded", self._box.dir)
                 if self._box.limits.memory_bytes < self._box.asked_memory:
                     self.log.warning("parlab: this submission's memory bound is %s, not box_memory_mb = %d: the "
                                      "cgroup around the grader (a Slurm task's --mem) leaves no more beside it",
@@ -279,7 +283,7 @@ class GuardedExecute(Execute):
         for entry in os.scandir(folder):
             if entry.name in keep:
                 continue
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):  # OSError, or RecursionError on a folder nested deep enough
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)
                 else:

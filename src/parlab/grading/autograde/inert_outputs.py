@@ -135,21 +135,59 @@ def active_html(html: str) -> list[str]:
     return list(dict.fromkeys(reader.found))
 
 
+def _is_base64(value) -> bool:
+    import base64
+    import binascii
+
+    text = "".join(value) if isinstance(value, list) else value
+    if not isinstance(text, str):
+        return False
+    try:
+        base64.b64decode("".join(text.split()), validate=True)
+        return True
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _inert_metadata(output) -> None:
+    """Rebuild a kept output's metadata: only an image's ``width``/``height``, as whole numbers.
+
+    nbconvert's templates write an image's width and height into its tag
+    unquoted (``width={{ width | escape_html }}``): a string there, such as
+    ``1 onerror=...``, is an attribute of the student's.  Everything else in the
+    metadata is dropped.
+    """
+    metadata, kept = output.get("metadata", {}), {}
+    for kind in ("image/png", "image/jpeg"):
+        size = metadata.get(kind)
+        if kind in output.get("data", {}) and isinstance(size, dict):
+            whole = {k: int(v) for k, v in size.items()
+                     if k in ("width", "height") and type(v) in (int, float) and 0 < v < 1e5}
+            if whole:
+                kept[kind] = whole
+    output["metadata"] = kept
+
+
 def inert_bundle(output) -> list[str]:
-    """Drop every type but ``KEPT_TYPES`` from a display output, in place; the types dropped."""
+    """Drop every type but ``KEPT_TYPES`` from a display output, in place; the types dropped.
+
+    An image whose data is not base64 (the pages put it in a ``src="data:..."``
+    attribute) is dropped too, and the metadata of what is kept is rebuilt
+    (``_inert_metadata``).
+    """
     data = output.get("data", {})
-    dropped = [kind for kind in data if kind not in KEPT_TYPES]
+    dropped = [kind for kind in data if kind not in KEPT_TYPES
+               or kind.startswith("image/") and not _is_base64(data[kind])]
     if not dropped:
+        _inert_metadata(output)
         return []
     if "text/plain" not in data:
         kind = next((k for k in _AS_TEXT if k in data), dropped[0])
         value = data[kind]
         data["text/plain"] = value if isinstance(value, str) else json.dumps(value, indent=1)
-    metadata = output.get("metadata", {})
     for kind in dropped:
         del data[kind]
-        metadata.pop(kind, None)
-    metadata.pop("filenames", None)  # image paths of an extract step: not the student's to name
+    _inert_metadata(output)  # "filenames" too: image paths of an extract step are not the student's to name
     return dropped
 
 
@@ -176,7 +214,13 @@ class InertOutputs(NbGraderPreprocessor):
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type == "code":
+            # the templates write execution counts into the page unescaped: whole numbers only
+            if not (cell.get("execution_count") is None or type(cell.get("execution_count")) is int):
+                cell["execution_count"] = None
             for output in cell.get("outputs", []):
+                if "execution_count" in output and not (output["execution_count"] is None
+                                                        or type(output["execution_count"]) is int):
+                    output["execution_count"] = None
                 if output.get("output_type") in ("display_data", "execute_result"):
                     dropped = inert_bundle(output)
                     if dropped:
