@@ -55,9 +55,7 @@ from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.utils import parse_utc
 from traitlets import Float, Integer
 
-#: What an entry of a submission may not be, by the file type bits of its lstat.
-SPECIAL = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
-           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
+from parlab.plainfile import kind as file_kind
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: an entry swapped for a FIFO after its lstat does not hang the open.
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -148,7 +146,7 @@ class SafeExchangeCollect(ExchangeCollect):
         try:
             st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
-                raise Refused(f"it is {SPECIAL.get(stat.S_IFMT(st.st_mode), 'a file')}, not a folder")
+                raise Refused(f"it is {file_kind(st.st_mode) or 'a file'}, not a folder")
             top = self._open(name, parent_fd, _DIR_FLAGS, ".", uid, st, want=stat.S_IFDIR)
             opened.append(top)
             found = {"ctime_ns": os.fstat(top).st_ctime_ns, "stated": None}
@@ -161,10 +159,10 @@ class SafeExchangeCollect(ExchangeCollect):
                 for entry in self._entries(fd, rel, budget):
                     sub = os.path.join(rel, entry)
                     st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-                    kind = stat.S_IFMT(st.st_mode)
-                    if kind in SPECIAL:
-                        raise Refused(f"{sub!r} is {SPECIAL[kind]}")
-                    if kind == stat.S_IFDIR:
+                    what = file_kind(st.st_mode)  # None for a regular file
+                    if what and not stat.S_ISDIR(st.st_mode):
+                        raise Refused(f"{sub!r} is {what}")
+                    if what:  # a folder
                         if sub == "timestamp.txt":  # where the server's time is written
                             raise Refused(f"{sub!r} is a folder")
                         if depth + 1 > self.max_depth:
@@ -178,8 +176,6 @@ class SafeExchangeCollect(ExchangeCollect):
                             os.mkdir(copy_to)
                         stack.append((child, sub, copy_to, depth + 1))
                         continue
-                    if kind != stat.S_IFREG:
-                        raise Refused(f"{sub!r} is not a file or a folder (mode {st.st_mode:o})")
                     self._check_owner(sub, uid, st)
                     if st.st_nlink > 1:
                         raise Refused(f"{sub!r} has {st.st_nlink} hard links (a link to a file elsewhere)")

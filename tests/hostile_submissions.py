@@ -275,13 +275,13 @@ for name in ("notes.txt", "sol.txt"):
 '''
 
 
-def _answer_cell(nb, grade_id: str):
+def answer_cell(nb, grade_id: str):
     return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
 def _attack(nb, attacks: dict[str, str]):
     for grade_id, code in attacks.items():
-        _answer_cell(nb, grade_id).source = code
+        answer_cell(nb, grade_id).source = code
     return nb
 
 
@@ -289,9 +289,9 @@ def _claims_points(nb):
     """The hello test cell made to pass and worth 100 points, checksums recomputed, its answer left out."""
     from nbgrader.utils import compute_checksum
 
-    _answer_cell(nb, "hello").source = "raise NotImplementedError()"
+    answer_cell(nb, "hello").source = "raise NotImplementedError()"
     for grade_id in ("hello", "hello-test"):
-        cell = _answer_cell(nb, grade_id)
+        cell = answer_cell(nb, grade_id)
         meta = cell.metadata["nbgrader"]
         if grade_id == "hello-test":
             cell.source = 'print("all tests passed")'
@@ -309,7 +309,7 @@ def _host_address() -> str | None:
     return None
 
 
-def _tree_digest(root: Path) -> dict[str, str]:
+def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under ``root``, but the grading state nbgrader and parlab grade write."""
     skip = ("autograded/", "feedback/", ".parlab-grade/", "gradebook.db")
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -407,7 +407,7 @@ def make_class(folder: Path, token: str, students=tuple(ATTACKED)) -> HostileCla
         "h4": lambda: _attack(notebook(LAB, root), {"weight_bytes": ALLOCATES_30_GB,
                                                     "training_state_bytes": SLEEPS_FOREVER,
                                                     "gpus_to_hold_state": HANDS_IN_FIFOS}),
-        "h5": lambda: _attack(notebook(LAB, root), {"hello": PRINTS_THE_LINKS + _answer_cell(
+        "h5": lambda: _attack(notebook(LAB, root), {"hello": PRINTS_THE_LINKS + answer_cell(
             notebook(LAB, root), "hello").source}),
         "zz": lambda: _marked(notebook(LAB, root)),
     }
@@ -420,11 +420,11 @@ def make_class(folder: Path, token: str, students=tuple(ATTACKED)) -> HostileCla
         secret.chmod(0o600)
         (root / "submitted" / "h5" / LAB / "notes.txt").symlink_to(secret)
         (root / "submitted" / "h5" / LAB / "sol.txt").symlink_to(root / "solutions" / LAB / source_notebook(LAB).name)
-    return HostileClass(root, list(students), listener, _tree_digest(root), _code_digest())
+    return HostileClass(root, list(students), listener, tree_digest(root), _code_digest())
 
 
 def _marked(nb):
-    _answer_cell(nb, "weight_bytes").source += f"\n# {MARKER}\n"
+    answer_cell(nb, "weight_bytes").source += f"\n# {MARKER}\n"
     return nb
 
 
@@ -438,7 +438,7 @@ def grade(cls: HostileClass, token: str, *args: str, prefix: tuple = (), env: di
     print(f"\nparlab grade {' '.join(args)} over {len(cls.students)} submissions: "
           f"{time.perf_counter() - start:.1f} s\n{proc.stdout}")
     return {"class": cls, "token": token, "rc": proc.returncode, "out": proc.stdout, "scores": gradebook_scores(cls.root, LAB),
-            "after": _tree_digest(cls.root), "code_after": _code_digest()}
+            "after": tree_digest(cls.root), "code_after": _code_digest()}
 
 
 # ---------------------------------------------------------------- what every way of grading must show

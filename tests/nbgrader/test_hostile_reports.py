@@ -22,7 +22,6 @@ docs/instructor.md ("What a verdict rests on").
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import nbformat
 import pytest
 
 from class_course import add_students, gradebook_scores, make_course, notebook, submit, tool_env
+from hostile_submissions import answer_cell, tree_digest
 from nbgrader_harness import TOKEN_VAR, leftover_processes, source_notebook
 
 pytestmark = [pytest.mark.nbgrader, pytest.mark.timeout(900)]
@@ -87,36 +87,25 @@ def tree_broadcast(x, root):
 '''
 
 
-def _tree_digest(root) -> dict[str, str]:
-    """sha256 of every file in the course but the grading state nbgrader and parlab grade write."""
-    skip = ("autograded/", "feedback/", ".parlab-grade/", "gradebook.db")
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and not str(p.relative_to(root)).startswith(skip)}
-
-
-def _cell(nb, grade_id: str):
-    return next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = make_course(tmp_path_factory.mktemp("reports") / "course", [LAB])
     with open(root / "nbgrader_config.py", "a") as f:
         f.write(CONFIG)
     cheat = notebook(LAB, root)
-    _cell(cheat, "ex1_rs_ag").source = FORGER.replace("{name}", "all_reduce_rs_ag")
-    _cell(cheat, "ex2_ring").source = EVADING_RING
-    _cell(cheat, "ex3_tree").source = EVADING_TREE
+    answer_cell(cheat, "ex1_rs_ag").source = FORGER.replace("{name}", "all_reduce_rs_ag")
+    answer_cell(cheat, "ex2_ring").source = EVADING_RING
+    answer_cell(cheat, "ex3_tree").source = EVADING_TREE
     add_students(root, ["cheat"])
     submit(root, "cheat", LAB, cheat)
-    before = _tree_digest(root)
+    before = tree_digest(root)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "parlab", "grade", LAB], cwd=root,
                           env=tool_env(**{TOKEN_VAR: TOKEN}), stdin=subprocess.DEVNULL,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=850)
     print(f"\nparlab grade over 1 submission: {time.perf_counter() - start:.1f} s\n{proc.stdout}")
     return {"root": root, "rc": proc.returncode, "out": proc.stdout, "before": before,
-            "scores": gradebook_scores(root, LAB), "after": _tree_digest(root)}
+            "scores": gradebook_scores(root, LAB), "after": tree_digest(root)}
 
 
 def _messages(root, student: str) -> dict[str, str]:

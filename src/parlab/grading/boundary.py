@@ -319,9 +319,8 @@ def remove_stale_mounts() -> int:
     """Detach the box folders' tmpfs left by graders killed before closing their box; how many.
 
     A box folder's tmpfs sits on ``.../parlab-autograde-*/box``; it is stale
-    once no process has that folder's parent as its own (every grader keeps
-    its work folder until its box is closed, see ``GuardedExecute.preprocess``)
-    and no live process has a file open under it.  Root only.
+    once the grader named in the work folder's ``grader.pid`` (written before
+    the mount) is no longer running.  Root only.
     """
     if os.geteuid() != 0:
         return 0
@@ -343,7 +342,6 @@ def remove_stale_mounts() -> int:
         shutil.rmtree(Path(where).parent, ignore_errors=True)
         stale += 1
     return stale
-
 
 
 def _in_use(box_dir: str) -> bool:

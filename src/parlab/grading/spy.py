@@ -85,8 +85,7 @@ def _op_name(op: str) -> str:
     base = op.strip("_").replace("_coalesced", "").replace("_any_source", "").removesuffix("_out").strip("_")
     names = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather_into_tensor",
              "allgather_into_tensor": "all_gather_into_tensor", "reduce_scatter_base": "reduce_scatter_tensor",
-             "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "monitored_barrier": "barrier",
-             "wait_tensor": "wait"}
+             "alltoall": "all_to_all", "alltoall_base": "all_to_all_single", "monitored_barrier": "barrier"}
     return names.get(base, base)
 
 
@@ -330,7 +329,6 @@ class Spy:
         spy, patches = self, []
         for space, name, packet in _collective_ops():
             op = _op_name(name)
-
             peer_at = _OP_PEER.get(op) if space == "c10d" else None
 
             def record(target, args, kwargs, by_torch, op=op, via=f"torch.ops.{space}.{name}", at=peer_at):

@@ -172,8 +172,8 @@ def _one_launch(tasks: list, n: int, backend, state: _State) -> list:
     for i, (key, name, ex, _, cases) in enumerate(tasks):
         reports = [report_of(out, f"{i}") for out in per_rank]
         message = judge(ex, name, n, cases, reports, used)
-        slow = any(not isinstance(r.get("seconds", 0.0), (int, float)) or r.get("seconds", 0.0) > ex.timeout / 2
-                   for r in reports if isinstance(r, dict))
+        seconds = [r.get("seconds", 0.0) for r in reports if isinstance(r, dict)]
+        slow = any(not isinstance(t, (int, float)) or t > ex.timeout / 2 for t in seconds)
         if message is None and slow:
             undecided.add(key)  # alone, a wait that long could have timed out: grade it alone
         elif message is None:
