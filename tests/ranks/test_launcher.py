@@ -33,9 +33,15 @@ def whoami(scale):
 
 
 def record_pids(path):
-    """Append 'rank pid ppid' so the test can check these processes are gone later."""
+    """Append 'rank pid ppid grandparent' so the test can check these processes are gone later.
+
+    The grandparent is the kernel's fork server (``parlab.launch.fork_server``), or the kernel itself.
+    """
+    import psutil
+
+    grandparent = psutil.Process(os.getppid()).ppid()
     with open(path, "a") as f:
-        f.write(f"{dist.get_rank()} {os.getpid()} {os.getppid()}\n")
+        f.write(f"{dist.get_rank()} {os.getpid()} {os.getppid()} {grandparent}\n")
 
 
 def fail_on_rank_one(path):
@@ -83,7 +89,7 @@ def chatty(n):
 def pids_from(path):
     with open(path) as f:
         rows = [line.split() for line in f if line.strip()]
-    return {int(r): (int(pid), int(ppid)) for r, pid, ppid in rows}
+    return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
 
 
 def assert_all_gone(path, wait=5.0):
@@ -359,9 +365,13 @@ def test_interrupt_stops_every_rank_and_says_where_they_were(tmp_path):
 
 def test_killed_kernel_takes_its_ranks_with_it(tmp_path):
     proc, pids = _start_launching_process(tmp_path)
+    with open(pids) as f:
+        servers = {int(line.split()[3]) for line in f if line.strip()} - {proc.pid}
+    assert servers, "the ranks were not forked from a fork server"
     os.kill(proc.pid, signal.SIGKILL)  # a kernel restart or crash
     proc.communicate(timeout=30)
     assert_all_gone(pids, wait=5.0)
+    assert not [p for p in servers if alive(p) and not _zombie(p)], "the fork server outlived its kernel"
     # The dead kernel's job folder is swept by the next launch on the machine.
     root = jobdir.jobs_root()
     mine = [n for n in os.listdir(root) if n.startswith(f"launch-{proc.pid}-")]
@@ -509,6 +519,32 @@ def test_processes_started_by_a_rank_end_with_the_launch(tmp_path):
     pids = tmp_path / "pids"
     parlab.launch(start_child_and_return, args=(str(pids),), nproc=2)
     assert_all_gone(pids)
+
+
+def detach_a_forked_sleeper():
+    """Fork a grandchild in a session of its own (no exec: it keeps the rank's memory) and return its pid."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            time.sleep(300)
+            os._exit(0)
+        os.write(write, str(grandchild).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    return int(os.read(read, 32))
+
+
+@pytest.mark.parametrize("fork_server", ["1", "0"])
+def test_a_process_a_rank_forks_and_detaches_ends_with_the_launch(monkeypatch, fork_server):
+    monkeypatch.setenv("PARLAB_FORK_SERVER", fork_server)
+    left = parlab.launch(detach_a_forked_sleeper, nproc=2)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(alive(p) and not _zombie(p) for p in left):
+        time.sleep(0.1)
+    assert not [p for p in left if alive(p) and not _zombie(p)], "a detached process outlived its launch"
 
 
 def non_leaf_results():

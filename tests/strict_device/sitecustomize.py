@@ -64,5 +64,8 @@ def install():
             setattr(dist, name, guard(name, original))
 
 
-if os.environ.get("PARLAB_STRICT_DEVICE") == "1" and "RANK" in os.environ:
-    install()  # only in torchrun's ranks (RANK is set), not in the agent or the kernel
+if os.environ.get("PARLAB_STRICT_DEVICE") == "1" and ("RANK" in os.environ or "PARLAB_KERNEL_PID" in os.environ):
+    # In torchrun's ranks (RANK is set), and in the launcher's fork server, whose forked ranks
+    # inherit it (its agent never initialises a process group, so the guard never acts there);
+    # not in the kernel.
+    install()

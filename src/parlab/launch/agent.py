@@ -10,6 +10,8 @@ with the Slurm step instead.
 launch over several Slurm nodes: the endpoint is the first allocated node's
 address, the node rank is ``SLURM_NODEID``, the run id the job id.
 """
+from __future__ import annotations
+
 import os
 import sys
 
@@ -31,13 +33,17 @@ def slurm_rendezvous() -> list[str]:
                            f"{addr}:{29400 + job % 20000}", f"slurm-{job}")
 
 
-def main() -> None:
-    kernel = int(os.environ.get("PARLAB_KERNEL_PID", "0")) or None
-    die_with_parent(kernel)
+def main(args: list[str] | None = None, parent: int | None = None) -> None:
+    """torchrun with ``args`` (default: this command's), dying with ``parent`` (default: the kernel).
+
+    The fork server (``fork_server.py``) calls this in a child it forked: the parent is then the server.
+    """
+    parent = parent or int(os.environ.get("PARLAB_KERNEL_PID", "0")) or None
+    die_with_parent(parent)
     os.environ["PARLAB_AGENT_PID"] = str(os.getpid())  # the workers' expected parent
     from torch.distributed.run import main as torchrun_main
 
-    args = sys.argv[1:]
+    args = sys.argv[1:] if args is None else list(args)
     if args[:1] == ["--slurm-rendezvous"]:
         args = slurm_rendezvous() + args[1:]
     torchrun_main(args)

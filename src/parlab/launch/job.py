@@ -22,6 +22,7 @@ from ..cores import usable_cores
 from . import nodes, procs, slurm
 from .errors import LaunchError, WorkerError
 from .failures import transient_reason
+from .fork_server import ForkedAgent
 from .jobdir import JOB_ENV, JobDir, private_jobs_root, sweep_stale_jobs
 from .options import LaunchOptions, notebook_sources, pickle_task
 from .output import FileTail, make_sink
@@ -123,7 +124,8 @@ class Job:
             env.update({"PARLAB_TETHER_OWNER": env["PARLAB_KERNEL_PID"], "PARLAB_KERNEL_PID": "0"})
             self.agent = self._popen(cmd, env)
         elif self.nnodes == 1:
-            self.agent = self._popen((self.wrapper or {}).get("command", []) + agent + ["--standalone"] + worker, env)
+            self.agent = self._forked(env, per_node) or \
+                self._popen((self.wrapper or {}).get("command", []) + agent + ["--standalone"] + worker, env)
         else:
             endpoint = f"127.0.0.1:{nodes.free_port()}"
             run_id = os.path.basename(self.job.path)
@@ -132,6 +134,20 @@ class Job:
                 for i in range(self.nnodes)])
         self.agent_token = procs.start_time(self.agent.pid)
         self.deadline = self.started + self.timeout
+
+    def _forked(self, env: dict, per_node: int):
+        """torchrun forked by this kernel's fork server (``fork_server.py``), or None to start it cold.
+
+        The same torchrun command, with torchrun's own ``--start-method=fork --run-path`` so that the
+        ranks are forked from the agent too.  Not in a grading box, nor for the MPI backend.
+        """
+        if self.wrapper is not None or self.backend not in ("gloo", "nccl"):
+            return None
+        from . import fork_server, worker
+
+        argv = ["--standalone", f"--nproc-per-node={per_node}", "--max-restarts=0", "--start-method=fork",
+                "--run-path", os.path.abspath(worker.__file__), self.job.path]
+        return fork_server.start_agent(argv, env, os.getcwd(), self.job.agent_log)
 
     def _popen(self, cmd, env) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=self.agent_log,
@@ -225,6 +241,8 @@ class Job:
             agents = {(a.pid, procs.start_time(a.pid)) for a in self._agents() if a.poll() is None}
             ranks = set(self._pids().values())
             ranks |= set(procs.processes_with_env(JOB_ENV, self.job.path))  # e.g. a rank's children
+            if isinstance(self.agent, ForkedAgent):  # a subreaper: whatever a forked rank left is below it
+                ranks |= set(procs.descendants(self.agent.pid))
             if self.request is None and self.wrapper is None:
                 # The ranks first; then torchrun, which has nothing left to do, is killed: its graceful
                 # exit (tearing torch down) took 1.2-1.7 s on a loaded machine, up to the 2 s grace,
@@ -259,6 +277,11 @@ class Job:
         """Ranks whose process ended without a result or an error report: crashed or exited."""
         return sorted(r for r, p in pids.items() if not self.job.finished(r) and not procs.same_process(*p))
 
+    def _all_returned_and_gone(self, pids: dict) -> bool:
+        """Every rank wrote its result and its process has ended."""
+        return len(pids) == self.nproc and all(self.job.has("result", r) and not procs.same_process(*pids[r])
+                                                for r in range(self.nproc))
+
     def _wait(self) -> list:
         __tracebackhide__ = True  # IPython hides launcher frames
         timed_out = False
@@ -272,8 +295,14 @@ class Job:
             if self.running:
                 self.sink.progress(time.monotonic() - self.started,
                                    [r for r in range(self.nproc) if self.job.finished(r)])
-            if self.agent.poll() is not None or self._dead_ranks(self._pids()) \
-                    or self.job.errors(self.nproc):
+            pids = self._pids()
+            if self.agent.poll() is not None or self._dead_ranks(pids) or self.job.errors(self.nproc):
+                break
+            if self._all_returned_and_gone(pids):
+                try:  # torchrun notices within its monitor interval; its exit status tells of a bad exit
+                    self.agent.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass  # a forked rank's own child holds torchrun's pipe to it: the ranks are done
                 break
             if time.monotonic() > self.deadline:
                 timed_out = True

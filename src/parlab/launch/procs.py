@@ -16,6 +16,7 @@ import time
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _linux_start_ticks(pid: int) -> str | None:
@@ -79,6 +80,30 @@ def namespace_pids(root: int) -> dict[int, int]:
         if inner and inner[0].isdigit():
             found.setdefault(int(inner[0]), child.pid)
     return found
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, token) of every live descendant of ``root``."""
+    try:
+        children = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    found = [(c.pid, start_time(c.pid)) for c in children]
+    return [(pid, token) for pid, token in found if token is not None]
+
+
+def adopt_orphans() -> None:
+    """Make this process the one that orphans below it are handed to (Linux), not init.
+
+    A forked rank's environment is the fork server's, so a process that a rank forks and detaches
+    (``setsid``) cannot be found by ``processes_with_env``; as a child subreaper the agent keeps it
+    among its descendants, where the launch's end finds it.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
 
 
 def alive(pid: int) -> bool:

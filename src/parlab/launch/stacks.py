@@ -91,7 +91,11 @@ def where(frames: list[tuple[str, int, str]], labels: dict) -> str:
 def format_dump(dump: str, labels: dict) -> str:
     """The task thread's stack as traceback-style text, outermost call first."""
     outer_first = list(reversed(main_thread_frames(dump)))
-    # Drop the launcher's own frames (runpy, parlab's worker) above the user's code.
+    # Drop the launcher's own frames above the user's code: everything down to the worker's main
+    # (a forked rank has the fork server's and torchrun's below it), then runpy and parlab's worker.
+    starts = [i for i, (f, _, fn) in enumerate(outer_first) if f.endswith(_WORKER) and fn == "main"]
+    if starts:
+        del outer_first[:starts[0]]
     while outer_first and (outer_first[0][0].startswith(_PARLAB_DIR) or outer_first[0][0].startswith("<frozen")):
         outer_first.pop(0)
     lines = []
