@@ -252,6 +252,9 @@ def checks() -> list[Row]:
     rows.append((f"{nproc}-rank all_reduce ({got[0][1]})", ok,
                  f"{[value for value, _ in got]} in {time.perf_counter() - start:.1f} s"
                  + ("" if ok else f", expected {expected} on every rank")))
+    from .launch import fork_server
+
+    rows.append(("fork server", True, fork_server.describe()))
     rows.append(warm_row(nproc, expected))
     return rows
 

@@ -264,6 +264,30 @@ def server_pid() -> int | None:
         return _SERVER.proc.pid if _SERVER is not None and _SERVER.alive() else None
 
 
+def describe() -> str:
+    """``parlab doctor``'s line: whether this kernel's launches are forked, and if not, why."""
+    if os.environ.get(ENABLE_ENV, "1") == "0":
+        return f"off ({ENABLE_ENV}=0): every launch starts its interpreters cold"
+    if not enabled():
+        return "off: only on Linux (with pidfd_open); every launch starts its interpreters cold"
+    pid = server_pid()
+    if pid is not None:
+        import psutil
+
+        try:
+            resident = f", {psutil.Process(pid).memory_info().rss / 2 ** 20:.0f} MiB resident"
+        except psutil.Error:
+            resident = ""
+        return f"on (pid {pid}{resident}): launches fork torchrun and the ranks from it"
+    free = memory_available()
+    if free < MEMORY_NEEDED:
+        return (f"off: {free / 2 ** 20:.0f} MiB available, less than the {MEMORY_NEEDED / 2 ** 20:.0f} MiB "
+                "it needs; launches start cold")
+    if _FAILED_KEY is not None:
+        return "off: it failed to start in this environment; launches start cold"
+    return "not started (the next launch starts it)"
+
+
 # ---------------------------------------------------------------------- the server's side
 
 def _serve(fd: int) -> None:
