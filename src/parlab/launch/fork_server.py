@@ -202,23 +202,42 @@ def enabled() -> bool:
         and hasattr(os, "pidfd_open")
 
 
-def memory_available() -> int:
-    """Bytes this process may still use: free memory, capped by its cgroup's limit."""
+#: Where a memory cgroup keeps its limit and its use: (version, mount, limit file, use file).
+_CGROUP_MEMORY = (("v2", "/sys/fs/cgroup", "memory.max", "memory.current"),
+                  ("v1", "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"))
+
+
+def _cgroup_path(memberships: list[list[str]], version: str) -> str | None:
+    """This process's memory cgroup in /proc/PID/cgroup's lines: "0::PATH" (v2) or "N:...memory...:PATH"."""
+    for hierarchy, controllers, path in memberships:
+        if version == "v2" and hierarchy == "0" and not controllers:
+            return path
+        if version == "v1" and "memory" in controllers.split(","):
+            return path
+    return None
+
+
+def memory_available(proc_dir: str = "/proc/self", root: str = "") -> int:
+    """Bytes this process may still use: free memory, capped by what its memory cgroup (v2 or v1) leaves."""
     import psutil
 
     free = psutil.virtual_memory().available
     try:
-        with open("/proc/self/cgroup") as f:
-            path = next(line.rstrip("\n").split(":", 2)[2] for line in f if line.startswith("0::"))
-        folder = f"/sys/fs/cgroup{path}"
-        with open(f"{folder}/memory.max") as f:
-            limit = f.read().strip()
-        with open(f"{folder}/memory.current") as f:
-            used = int(f.read())
-        if limit != "max":
+        with open(f"{proc_dir}/cgroup") as f:
+            memberships = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return free
+    for version, mount, limit_file, used_file in _CGROUP_MEMORY:
+        path = _cgroup_path(memberships, version)
+        try:
+            with open(f"{root}{mount}{path}/{limit_file}") as f:
+                limit = f.read().strip()
+            with open(f"{root}{mount}{path}/{used_file}") as f:
+                used = int(f.read())
+        except (OSError, ValueError, TypeError):
+            continue
+        if limit.isdigit() and int(limit) < 2 ** 60:  # "max" (v2) or a huge number (v1): no limit
             free = min(free, int(limit) - used)
-    except (OSError, StopIteration, ValueError):
-        pass  # no cgroup v2 memory controller here
     return free
 
 
