@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop student-dist
+.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop hub-preflight student-dist
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
@@ -73,6 +73,11 @@ hub: $(HUB_STAMP)
 
 hub-stop:
 	$(PY) hub/demo.py stop
+
+# parlab preflight against the demo hub of make hub (root), as an admin runs it on the course's host:
+# one line per check, ok or FAIL with the remedy; the report in /srv/parlab-hub-demo (docs/jupyterhub.md).
+hub-preflight:
+	$(PY) hub/demo.py preflight
 
 clean-venv:
 	rm -rf $(VENV)

@@ -3,8 +3,10 @@
 ``make hub`` (``hub/demo.py``) and tests/hub both use this:
 
     hub = CourseHub(state_dir, instructors=["plh-teacher"], students=["plh-ada", "plh-bo"])
+    hub.deploy()              # the student edition, the servers' environment built from it, the hub's
+                              # config folder (<state>/etc/parlab-hub): nothing of the repository
     hub.create_users()        # real Unix users (root only), private homes, printed passwords
-    hub.prepare_course()      # the exchange (mode 1777) and the instructor's course at ~/parlab
+    hub.prepare_course()      # the exchange (1777, its course folder the instructor's) and ~/parlab
     hub.start()               # jupyterhub + configurable-http-proxy on 127.0.0.1:<free port>
     ...
     hub.stop()                # servers stopped through the REST API, the hub by pid, then
@@ -31,7 +33,7 @@ from pathlib import Path
 
 HUB_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(HUB_DIR))
-from course_spawner import MemoryCgroup, kill_pids  # noqa: E402
+from course_spawner import ServerCgroups, kill_pids  # noqa: E402
 
 REPO = HUB_DIR.parent
 CONFIG = HUB_DIR / "jupyterhub_config.py"
@@ -65,14 +67,24 @@ def pids_of_uid(uid: int) -> list[int]:
     return found
 
 
+def hub_api(url: str, token: str, method: str, path: str, body: dict | None = None, timeout: float = 30):
+    """One call of the REST API of the hub at ``url`` (``/hub/api<path>``); its JSON answer, or None."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(f"{url}/hub/api{path}", data=data, method=method,
+                                 headers={"Authorization": f"token {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        text = resp.read().decode()
+        return json.loads(text) if text.strip() else None
+
+
 class HubError(RuntimeError):
     """The hub could not be started or stopped; the message says what to do."""
 
 
 class CourseHub:
     def __init__(self, state: Path, instructors: list[str], students: list[str],
-                 port: int | None = None, mem_limit: str | None = "4G", cpus_per_server: int = 0,
-                 cull_timeout: int = 3600):
+                 port: int | None = None, mem_limit: str | None = "4G", cpus_per_server: int | None = None,
+                 cull_timeout: int = 3600, course_source: Path = REPO):
         self.state = Path(state)
         self.instructors, self.students = list(instructors), list(students)
         self.port = port or free_port()
@@ -84,6 +96,14 @@ class CourseHub:
         self.made_file = self.state / "users-made"
         self.passwords: dict[str, str] = {}
         self.proc: subprocess.Popen | None = None
+        self.course_source = Path(course_source)  # the full checkout: solutions/ for the instructor's course
+        # where the hub and the servers run from: this environment and this hub/ until deploy()
+        self.python, self.hub_dir = Path(sys.executable), HUB_DIR
+        self.extra_env: dict[str, str] = {}  # more PARLAB_HUB_* settings for the hub (tests, preflight)
+        deployed = self.state / "deployed.json"
+        if deployed.exists():
+            found = json.loads(deployed.read_text())
+            self.python, self.hub_dir = Path(found["python"]), Path(found["hub_dir"])
 
     @property
     def users(self) -> list[str]:
@@ -134,7 +154,7 @@ class CourseHub:
                     break
                 kill_pids(pids)
                 time.sleep(0.2)
-            MemoryCgroup(user, 0).remove()  # its server's cgroup, when a stop did not get to it
+            ServerCgroups(user).remove()  # its server's cgroups, when a stop did not get to them
             subprocess.run(["userdel", "--remove", user], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         self.made_file.unlink(missing_ok=True)
@@ -162,16 +182,17 @@ class CourseHub:
         role = "instructor" if user in self.instructors else "student"
         return {
             "HOME": entry.pw_dir, "USER": user, "LOGNAME": user, "SHELL": "/bin/bash",
-            "PATH": str(Path(sys.executable).parent) + os.pathsep + "/usr/local/bin:/usr/bin:/bin",
-            "CUDA_VISIBLE_DEVICES": "", "JUPYTER_CONFIG_PATH": str(HUB_DIR / role),
+            "PATH": str(self.python.parent) + os.pathsep + "/usr/local/bin:/usr/bin:/bin",
+            "CUDA_VISIBLE_DEVICES": "", "JUPYTER_CONFIG_PATH": str(self.hub_dir / role),
             "PARLAB_EXCHANGE": str(self.exchange), "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8",
         }
 
     @staticmethod
-    def environment_blockers() -> list[str]:
-        """Folders on the way to this Python that other users cannot enter (so their servers cannot start)."""
+    def environment_blockers(python: Path | None = None) -> list[str]:
+        """Folders on the way to the servers' Python (default: this one) that other users cannot enter."""
+        python = Path(python or sys.executable)
         blocked = []
-        for exe in (Path(sys.executable), Path(sys.executable).resolve()):
+        for exe in (python, python.resolve()):
             for folder in reversed(exe.parents):
                 mode = folder.stat().st_mode
                 if not mode & 0o001 and str(folder) not in blocked:
@@ -179,11 +200,11 @@ class CourseHub:
         return blocked
 
     def check_environment(self) -> None:
-        blocked = self.environment_blockers()
+        blocked = self.environment_blockers(self.python)
         if blocked:
             raise HubError(
-                f"the students' servers run this Python environment ({sys.executable}, really "
-                f"{Path(sys.executable).resolve()}), but other users cannot enter {', '.join(blocked)}. "
+                f"the students' servers run this Python environment ({self.python}, really "
+                f"{self.python.resolve()}), but other users cannot enter {', '.join(blocked)}. "
                 "Build the environment where every user can read it (e.g. /opt/conda/envs/parlab, "
                 f"docs/jupyterhub.md), or let them through: chmod o+x {' '.join(blocked)}")
 
@@ -192,16 +213,60 @@ class CourseHub:
     def course_dir(self, instructor: str | None = None) -> Path:
         return Path(pwd.getpwnam(instructor or self.instructors[0]).pw_dir) / "parlab"
 
+    def deploy(self) -> "CourseHub":
+        """What a deployment installs (docs/jupyterhub.md), under the state folder: nothing of the repository.
+
+        The student edition (``scripts/student_dist.py``) in ``<state>/student``; the servers'
+        environment built from it, not editable, in ``<state>/env`` (``server_env.build``); the hub's
+        config, the student edition's ``hub/``, in ``<state>/etc/parlab-hub``, as ``/etc/parlab-hub``
+        on a host.  Every folder readable by every user; the hub then runs from there.
+        """
+        import importlib.util
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.state, 0o755)
+        spec = importlib.util.spec_from_file_location("student_dist", self.course_source / "scripts" / "student_dist.py")
+        student_dist = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(student_dist)
+        try:
+            edition = Path(student_dist.build(str(self.state / "student")))
+        except SystemExit as e:  # the script's way of saying what is missing
+            raise HubError(f"building the student edition failed: {e}") from e
+        from server_env import build
+
+        python = build(self.state / "env", edition)
+        hub_dir = self.state / "etc" / "parlab-hub"
+        if hub_dir.exists():
+            shutil.rmtree(hub_dir)
+        hub_dir.parent.mkdir(exist_ok=True)
+        shutil.copytree(edition / "hub", hub_dir, ignore=shutil.ignore_patterns("__pycache__"))
+        for folder, dirs, files in os.walk(self.state / "etc"):
+            os.chmod(folder, 0o755)
+        self.python, self.hub_dir = python, hub_dir
+        (self.state / "deployed.json").write_text(json.dumps({"python": str(python), "hub_dir": str(hub_dir)}))
+        return self
+
     def prepare_course(self) -> None:
-        """The exchange (1777, as nbgrader wants it) and the course files in each instructor's ~/parlab."""
+        """The exchange and the course files in each instructor's ~/parlab, with their owners and modes.
+
+        The exchange root is 1777, as nbgrader wants it, and its course folder (``parlab/``) is made
+        now, the first instructor's and 0755: nbgrader would make it at the first release, and a
+        student who made it first would own the course's exchange.
+        """
         self.exchange.mkdir(parents=True, exist_ok=True)
         os.chmod(self.state, 0o755)  # the exchange inside must be reachable by every user
         os.chmod(self.exchange, 0o1777)
+        course_exchange = self.exchange / "parlab"
+        course_exchange.mkdir(exist_ok=True)
+        os.chmod(course_exchange, 0o755)
+        if self.instructors:
+            owner = pwd.getpwnam(self.instructors[0])
+            os.chown(course_exchange, owner.pw_uid, owner.pw_gid)
         for instructor in self.instructors:
             course = self.course_dir(instructor)
             course.mkdir(exist_ok=True)
             for name in COURSE_FILES:
-                src, dest = REPO / name, course / name
+                src, dest = self.course_source / name, course / name
                 if src.is_dir():
                     shutil.copytree(src, dest, dirs_exist_ok=True,
                                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
@@ -227,14 +292,17 @@ class CourseHub:
             "PARLAB_HUB_INSTRUCTORS": ",".join(self.instructors),
             "PARLAB_HUB_STUDENTS": ",".join(self.students),
             "PARLAB_EXCHANGE": str(self.exchange),
-            "PARLAB_HUB_CPUS_PER_SERVER": str(self.cpus_per_server),
             "PARLAB_HUB_CULL_TIMEOUT": str(self.cull_timeout),
             "PARLAB_HUB_ADMIN_TOKEN": self.admin_token(),
-            "PATH": str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
+            "PARLAB_HUB_MEM_LIMIT": self.mem_limit or "none",
+            "PATH": str(self.python.parent) + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
         })
-        env.pop("PARLAB_HUB_MEM_LIMIT", None)
-        if self.mem_limit:
-            env["PARLAB_HUB_MEM_LIMIT"] = self.mem_limit
+        env.pop("PARLAB_HUB_CPUS_PER_SERVER", None)
+        if self.cpus_per_server is not None:
+            env["PARLAB_HUB_CPUS_PER_SERVER"] = str(self.cpus_per_server)
+        for key in [k for k in env if k.startswith("VIRTUAL_ENV") or k == "PYTHONPATH"]:
+            env.pop(key)  # the hub runs the servers' environment, not the caller's
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 120) -> "CourseHub":
@@ -245,7 +313,7 @@ class CourseHub:
         (self.state / "hub").mkdir(parents=True, exist_ok=True, mode=0o700)
         log = open(self.state / "jupyterhub.log", "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(CONFIG)], cwd=self.state / "hub",
+            [str(self.python), "-m", "jupyterhub", "-f", str(self.hub_dir / CONFIG.name)], cwd=self.state / "hub",
             env=self._env(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         log.close()
@@ -272,13 +340,7 @@ class CourseHub:
     def api(self, method: str, path: str, body: dict | None = None, token: str | None = None,
             timeout: float = 30):
         """One call of the hub's REST API (``/hub/api<path>``) with the course-admin token."""
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(f"{self.url}/hub/api{path}", data=data, method=method,
-                                     headers={"Authorization": f"token {token or self.admin_token()}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            text = resp.read().decode()
-            return json.loads(text) if text.strip() else None
+        return hub_api(self.url, token or self.admin_token(), method, path, body, timeout)
 
     def running_servers(self) -> list[str]:
         try:

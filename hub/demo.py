@@ -1,11 +1,13 @@
 """``make hub`` / ``make hub-stop``: a demo of the course hub on 127.0.0.1, to try the kit.
 
     python hub/demo.py start     # an instructor and two students, real Unix users (root only)
+    python hub/demo.py preflight # parlab preflight against it, as an admin runs it on a host
     python hub/demo.py stop      # servers, hub, proxy, the users' processes and the users: gone
 
 State (the hub's database, logs, the exchange, the admin token, which users
-were made) lives in PARLAB_HUB_DEMO_STATE, by default /srv/parlab-hub-demo;
-``stop`` removes it.  The instructor's course is at ~parlab-teacher/parlab.
+were made, and the deployment: the student edition, the servers' environment
+built from it and the hub's config folder) lives in PARLAB_HUB_DEMO_STATE, by
+default /srv/parlab-hub-demo; ``stop`` removes it.  The instructor's course is at ~parlab-teacher/parlab.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +37,7 @@ def start(port: int | None) -> int:
         return 1
     hub = _hub(port)
     try:
+        hub.deploy()  # the student edition and the servers' environment built from it, in the state folder
         passwords = hub.create_users()
         hub.prepare_course()
         hub.start()
@@ -70,12 +74,26 @@ def stop() -> int:
     return 0
 
 
+def preflight() -> int:
+    """``parlab preflight`` against the running demo hub, as an admin runs it on a host (root)."""
+    if not (STATE / "demo.json").exists():
+        print("no demo hub runs: make hub first")
+        return 1
+    hub = _hub(json.loads((STATE / "demo.json").read_text())["port"])
+    argv = [str(hub.python.parent / "parlab"), "preflight", "--url", hub.url, "--token-file", str(hub.token_file),
+            "--hub-dir", str(hub.hub_dir), "--instructor", INSTRUCTORS[0], "--exchange", str(hub.exchange),
+            "--report", str(STATE / "preflight-report.txt")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "JUPYTER", "PYTHON"))}
+    env["PATH"] = f"{hub.python.parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    return subprocess.run(argv, env=env, cwd="/").returncode
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["start", "stop"])
+    parser.add_argument("action", choices=["start", "stop", "preflight"])
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
     args = parser.parse_args(argv)
-    return start(args.port) if args.action == "start" else stop()
+    return {"start": lambda: start(args.port), "stop": stop, "preflight": preflight}[args.action]()
 
 
 if __name__ == "__main__":

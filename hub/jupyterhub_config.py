@@ -7,8 +7,17 @@
   authenticator); everything else here stays the same, as long as each login
   maps to a Unix user of the box.
 - Each server is a local process of that user (``course_spawner.CourseSpawner``):
-  in this Python environment (so the labs' ``python3`` kernel is parlab's), with
-  no GPU, its own CPU set and a memory limit.
+  in this Python environment (so the labs' ``python3`` kernel is parlab's), in
+  cgroups the kernel enforces: its own CPU set, a memory limit, a process limit
+  and (cgroup v1) no GPU device.  On a host with systemd,
+  ``PARLAB_HUB_SPAWNER=systemd`` makes each server a systemd unit with the same
+  limits instead (``systemd_units.py``).
+- This file and the kit beside it are the student edition's ``hub/``
+  (``make student-dist``), copied to a system folder such as ``/etc/parlab-hub``;
+  the environment is the student edition installed (not editable): nothing a
+  student's server can read leads to the course repository.  A
+  ``local_config.py`` beside this file, when there is one, is read last: the
+  site's own settings, kept out of the kit's files.
 - jupyterhub-idle-culler stops servers idle for ``PARLAB_HUB_CULL_TIMEOUT``
   seconds (default 3600).
 - Servers survive a hub restart (``cleanup_servers = False``): restarting the
@@ -26,8 +35,12 @@ tests/hub can start the same file on a free port with their own users:
 | PARLAB_HUB_INSTRUCTORS | (none) | comma-separated Unix users who get the instructor's nbgrader set-up |
 | PARLAB_HUB_STUDENTS | (none) | comma-separated Unix users allowed to log in as students |
 | PARLAB_EXCHANGE | /srv/nbgrader/exchange | nbgrader's exchange (hub/exchange_config.py) |
-| PARLAB_HUB_CPUS_PER_SERVER | 0 | cores in each server's CPU set (0: all) |
-| PARLAB_HUB_MEM_LIMIT | (none) | e.g. 4G: each server's memory cgroup limit |
+| PARLAB_HUB_CPUS_PER_SERVER | cores ÷ class size | cores in each server's CPU set (at least 1; 0, all cores, is refused for a class of more than one) |
+| PARLAB_HUB_CLASS_SIZE | the users above | servers that run at once, when logins are not listed above (single sign-on) |
+| PARLAB_HUB_MEM_LIMIT | 4G | each server's memory limit (its cgroup); "none" for no limit, which preflight flags |
+| PARLAB_HUB_TASKS_MAX | 2048 | processes and threads of one server with its kernels and launches |
+| PARLAB_HUB_SPAWNER | course | "course" (CourseSpawner, cgroups of its own) or "systemd" (SystemdSpawner units) |
+| PARLAB_HUB_INSTRUCTOR_ACCESS | (off) | 1: instructors may open, start and stop students' servers (the access:servers role) |
 | PARLAB_HUB_CULL_TIMEOUT | 3600 | seconds idle before the culler stops a server |
 | PARLAB_HUB_ADMIN_TOKEN | (none) | a token for the course-admin service (tests, benchmarks, make hub-stop) |
 """
@@ -39,7 +52,7 @@ c = get_config()  # noqa: F821 - provided by traitlets
 
 HUB_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(HUB_DIR))
-from course_spawner import CourseSpawner  # noqa: E402
+from course_spawner import CourseSpawner, class_cpu_block  # noqa: E402
 
 
 def _users(var: str) -> set[str]:
@@ -70,11 +83,22 @@ c.Authenticator.allowed_users = instructors | students
 c.Authenticator.admin_users = set()
 
 # ---------------------------------------------------------------- servers
-c.JupyterHub.spawner_class = CourseSpawner
-c.CourseSpawner.instructors = sorted(instructors)
-c.CourseSpawner.cpus_per_server = int(os.environ.get("PARLAB_HUB_CPUS_PER_SERVER", "0"))
-if os.environ.get("PARLAB_HUB_MEM_LIMIT"):
-    c.Spawner.mem_limit = os.environ["PARLAB_HUB_MEM_LIMIT"]
+if os.environ.get("PARLAB_HUB_SPAWNER", "course") == "systemd":
+    from systemd_units import course_systemd_spawner
+    spawner = course_systemd_spawner()
+else:
+    spawner = CourseSpawner
+c.JupyterHub.spawner_class = spawner
+spawner_config = c[spawner.__name__]
+spawner_config.instructors = sorted(instructors)
+# Each server its own block of cores: the cores divided by the class unless set (0 with a class is refused).
+class_size = max(len(instructors | students), int(os.environ.get("PARLAB_HUB_CLASS_SIZE", "0")))
+spawner_config.cpus_per_server = class_cpu_block(len(os.sched_getaffinity(0)), class_size,
+                                                 os.environ.get("PARLAB_HUB_CPUS_PER_SERVER"))
+spawner_config.tasks_max = int(os.environ.get("PARLAB_HUB_TASKS_MAX", "2048"))
+mem_limit = os.environ.get("PARLAB_HUB_MEM_LIMIT", "4G")
+if mem_limit.lower() not in ("none", "0", ""):
+    c.Spawner.mem_limit = mem_limit
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~"
 c.Spawner.environment = {"PARLAB_EXCHANGE": os.environ.get("PARLAB_EXCHANGE", "/srv/nbgrader/exchange")}
@@ -105,4 +129,14 @@ if os.environ.get("PARLAB_HUB_ADMIN_TOKEN"):
                                   "api_token": os.environ["PARLAB_HUB_ADMIN_TOKEN"]})
     c.JupyterHub.load_roles.append(
         {"name": "course-admin", "services": ["course-admin"],
-         "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users"]})
+         "scopes": ["admin:users", "admin:servers", "tokens", "access:servers", "list:users",
+                    "read:services"]})
+if os.environ.get("PARLAB_HUB_INSTRUCTOR_ACCESS") == "1" and instructors:
+    # an instructor opens a stuck student's server (its page, terminals, files: as that student)
+    c.JupyterHub.load_roles.append({"name": "course-instructors", "users": sorted(instructors),
+                                    "scopes": ["list:users", "read:users", "servers", "access:servers"]})
+
+# ---------------------------------------------------------------- the site's own settings, last
+local_config = HUB_DIR / "local_config.py"
+if local_config.is_file():
+    load_subconfig(str(local_config))  # noqa: F821 - provided by traitlets

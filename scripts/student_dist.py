@@ -7,16 +7,19 @@ OUT becomes a git repository with one commit holding the package
 ``solutions/`` by nbgrader), the install files (``Makefile``,
 ``pyproject.toml``, ``constraints/``, ``environment.yml``), the course's
 ``nbgrader_config.py`` (so that Validate at the root uses the course's cell
-timeout) and the student-facing docs.  Nothing else: no ``solutions/``, no
-``tests/`` (whose ``wrong_answers/`` hold answers), no benchmarks, slides,
-hub kit or instructor docs.  The README is this repository's, without the
+timeout), the student-facing docs, and the hub kit (``hub/``: what a course
+hub's admin installs, docs/jupyterhub.md; it holds no answer).  Nothing
+else: no ``solutions/``, no ``tests/`` (whose ``wrong_answers/`` hold
+answers), no benchmarks, slides or instructor docs.  The README is this repository's, without the
 sections and lines that are about those.
 
 Why a repository and not a wheel plus ``labs/``: the README's self-study
 path (``make lab``: a venv, the pinned CPU torch, JupyterLab on ``labs/``)
 runs from it unchanged; a hub's admin installs the same tree into the
-server environment (``environment.yml`` or ``pip install .``); and the next
-lab released is one more commit that students pull.
+servers' environment, not editable (``environment.yml`` or ``pip install .``),
+and copies its ``hub/`` to the hub's config folder (``/etc/parlab-hub``), so
+that no server can read the course repository; and the next lab released is
+one more commit that students pull.
 
 Every path copied is listed in ``INCLUDE``; tests/nbgrader/test_student_dist.py
 builds the repository and searches it for solution text.
@@ -34,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(ROOT, "dist", "student")
 #: What students get, relative to the repository root (folders copied whole, minus caches).
 INCLUDE = ("Makefile", "pyproject.toml", "environment.yml", "nbgrader_config.py", "constraints", "src", "labs",
-           "docs/launcher.md", "docs/accuracy.md", "docs/planner.md")
+           "docs/launcher.md", "docs/accuracy.md", "docs/planner.md", "hub")
 #: README sections that are the instructor's or the developers' (their "## " headings).
 README_DROPS = ("What is in the box", "Tests", "Measured")
 #: Sentences of the README about what the distribution leaves out; each must match once, so that a

@@ -12,6 +12,7 @@ import sys
 c = get_config()  # noqa: F821 - provided by traitlets
 HUB = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 load_subconfig(os.path.join(HUB, "exchange_config.py"))  # noqa: F821
+load_subconfig(os.path.join(HUB, "validate_config.py"))  # noqa: F821
 
 # The formgrader (a server extension, started in the home folder) finds the
 # course here; nbgrader run from inside ~/parlab finds it anyway.

@@ -11,6 +11,7 @@ import os
 
 c = get_config()  # noqa: F821 - provided by traitlets
 load_subconfig(os.path.join(os.path.dirname(__file__), os.pardir, "exchange_config.py"))  # noqa: F821
+load_subconfig(os.path.join(os.path.dirname(__file__), os.pardir, "validate_config.py"))  # noqa: F821
 
 c.Execute.timeout = 300
 c.Execute.interrupt_on_timeout = True

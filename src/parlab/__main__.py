@@ -1,11 +1,13 @@
-"""Command line: ``parlab doctor`` and ``parlab grade LAB`` (or ``python -m parlab ...``)."""
+"""Command line: ``parlab doctor``, ``parlab grade LAB`` and ``parlab preflight`` (or ``python -m parlab ...``)."""
 import sys
 
 USAGE = """usage: parlab doctor                     check torch, backends, GPUs and a 2-rank all-reduce
        parlab grade LAB [--workers N] [--resume] [--force]
                                          autograde every submission of LAB in parallel (run in the course root)
        parlab grade LAB --slurm [--partition P] [--account A] [--time-limit MIN] [--chunk K]
-                                         the same, as one Slurm array job (parlab grade --help)"""
+                                         the same, as one Slurm array job (parlab grade --help)
+       parlab preflight [--url URL] [--instructor NAME] ...
+                                         as root on a course hub: check the deployment (parlab preflight --help)"""
 
 
 def main(argv=None) -> int:
@@ -18,6 +20,10 @@ def main(argv=None) -> int:
         from .classgrade.cli import main as grade
 
         return grade(argv[1:])
+    if argv[:1] == ["preflight"]:
+        from .preflight import main as preflight
+
+        return preflight(argv[1:])
     print(USAGE, file=sys.stderr)
     return 2
 

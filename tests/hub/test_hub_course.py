@@ -1,11 +1,13 @@
 """The course on a real JupyterHub, as a class lives it: one story, in order, on one hub.
 
-The hub is hub/jupyterhub_config.py with real Unix users (PAM logins,
-LocalProcessSpawner servers); Chromium does what students do in the page.
-Steps that a person would type in a terminal of their own server (the
-instructor's nbgrader commands, a student trying to read someone else's
-files) run as that Unix user (``CourseHub.run_as``: their uid, groups and
-their server's environment).  The answers are put into a student's fetched
+The hub is the kit deployed as docs/jupyterhub.md says (``CourseHub.deploy``:
+the student edition, the servers' environment built from it, the hub's config
+folder) with real Unix users (PAM logins, CourseSpawner servers in their
+cgroups); Chromium does what students do in the page.  Steps that a person
+would type in a terminal of their own server (the instructor's nbgrader
+commands, a student trying to read someone else's files) run as that Unix
+user (``CourseHub.run_as``: their uid, groups and their server's
+environment); the grading runs as root outside any server, as the docs say.  The answers are put into a student's fetched
 notebook through their server's contents API (what saving from an editor
 does), not typed: the page then opens, runs and validates that notebook.
 
@@ -26,7 +28,7 @@ import json
 import os
 import pwd
 import re
-import sys
+import subprocess
 import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -170,8 +172,8 @@ def assert_none_left(user: str, within: float = 15) -> None:
 
 
 def server_pid(hub, user: str) -> int:
-    from course_spawner import MemoryCgroup
-    return min(MemoryCgroup(user, 0).pids())
+    from course_spawner import ServerCgroups
+    return min(ServerCgroups(user).pids())
 
 
 # ------------------------------------------------------------------ the story
@@ -227,14 +229,16 @@ def test_students_log_in_fetch_work_validate_and_submit(course_hub, chromium):
         expect(assignment_button(page, "fetched", "Submit")).to_be_visible()
         pages[user] = page
 
-    # The server: this environment's Python, no GPU, one core, its memory cgroup.
+    # The server: the servers' environment, no GPU, one core (the hub's default for a class of 3 on
+    # 2 cores), its cgroups: CPU set, memory, pids and devices.
     for user in STUDENTS:
         pid = server_pid(hub, user)
         environ = dict(kv.split("=", 1) for kv in
                        Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
         assert environ["CUDA_VISIBLE_DEVICES"] == ""
         assert len(os.sched_getaffinity(pid)) == 1
-        assert "parlab-hub/" + user in Path(f"/proc/{pid}/cgroup").read_text()
+        cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        assert all(f"{c}:/parlab-hub/{user}" in cgroups for c in ("cpuset", "memory", "pids", "devices")), cgroups
 
     # plh-ada submits a wrong answer first, then the right one: the later one counts.
     save_notebook(hub, RIGHT, answered_notebook(wrong=True))
@@ -306,6 +310,9 @@ for what, attempt in checks.items():
     # nbgrader names each submission <student>+<lab>+<time>+<12 random characters>.
     assert re.fullmatch(rf"{RIGHT}\+{LAB}\+[^+]+\+[A-Za-z0-9_-]{{12}}", theirs), theirs
 
+    # That no file a student can read holds solution text (the servers run the student edition, installed)
+    # is preflight's search, from a student's own server after the whole course: test_hub_preflight.py.
+
 
 def test_hub_restart_mid_course_loses_no_submission(course_hub):
     hub = course_hub
@@ -336,7 +343,14 @@ def test_instructor_collects_grades_and_returns_feedback(course_hub):
     stamped, named = parse_utc(collected.read_text()), parse_utc(ada_second.split("+")[2])
     assert timedelta(0) <= stamped - named < timedelta(seconds=60), (collected.read_text(), ada_second)
     start = time.monotonic()
-    graded = hub.run_as(INSTRUCTOR, ["parlab", "grade", LAB], cwd=course, timeout=900)
+    # Grading as docs/jupyterhub.md says: as root in the host's shell, outside any server, no GPU, with the
+    # instructor's hub config (the late policy); then the course's files are given back to the instructor.
+    env = {**hub.server_env(INSTRUCTOR), "HOME": "/root", "USER": "root", "LOGNAME": "root",
+           "JUPYTER_CONFIG_PATH": str(hub.hub_dir / "instructor"), "CUDA_VISIBLE_DEVICES": ""}
+    graded = subprocess.run([str(hub.python.parent / "parlab"), "grade", LAB], cwd=course, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+    assert graded.returncode == 0, graded.stdout[-3000:]
+    subprocess.run(["chown", "-R", f"{INSTRUCTOR}:", course], check=True)
     STATE["grade_s"] = time.monotonic() - start
     from class_course import gradebook_scores
 
@@ -366,13 +380,13 @@ def test_instructor_collects_grades_and_returns_feedback(course_hub):
 def test_a_server_stopped_in_the_middle_of_a_launch_leaves_no_process(course_hub):
     from concurrent.futures import ThreadPoolExecutor
 
-    from course_spawner import MemoryCgroup
+    from course_spawner import ServerCgroups
 
     # In a thread of its own: the kernel client's event loop cannot run inside Playwright's.
     with ThreadPoolExecutor(1) as pool:
         pool.submit(_stop_in_the_middle_of_a_launch, course_hub, WRONG).result()
     assert_none_left(WRONG)
-    assert MemoryCgroup(WRONG, 0).pids() == []
+    assert ServerCgroups(WRONG).pids() == []
 
 
 def _stop_in_the_middle_of_a_launch(hub, user: str) -> None:
@@ -380,8 +394,8 @@ def _stop_in_the_middle_of_a_launch(hub, user: str) -> None:
 
     with UserKernel(f"{hub.url}/user/{user}", user_token(hub, user)) as kernel:
         where = kernel.execute("import sys, parlab; print(sys.executable)")
-        # the python3 kernel runs this environment's Python (.venv/bin/python3)
-        assert Path(where.stdout.strip()).parent == Path(sys.executable).parent, where
+        # the python3 kernel runs the servers' environment's Python (the student edition installed)
+        assert Path(where.stdout.strip()).parent == hub.python.parent, where
         before = set(processes_of(user))
         kernel.send("import time\nparlab.launch(lambda: time.sleep(300), nproc=2)")  # not waited for
         deadline = time.monotonic() + 120

@@ -56,6 +56,7 @@ import resource
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -97,14 +98,39 @@ class Limits:
                 "scratch": f"{self.scratch_bytes / 2**20:g} MiB of scratch disk"}
 
 
+#: What to do when bwrap cannot make a user namespace for a non-root grader (Ubuntu 23.10 and later:
+#: AppArmor restricts unprivileged user namespaces, https://ubuntu.com/blog/ubuntu-23-10-restricted-unprivileged-user-namespaces).
+USERNS_REMEDY = ("grade as root on the host (docs/jupyterhub.md, Grading), or load AppArmor's profile for bwrap, "
+                 "which Ubuntu 24.04 ships disabled: sudo ln -s /usr/share/apparmor/extra-profiles/bwrap-userns-restrict "
+                 "/etc/apparmor.d/ && sudo apparmor_parser -r /etc/apparmor.d/bwrap-userns-restrict")
+
+
+def userns_blocked(bwrap: str) -> str | None:
+    """Why bwrap cannot box as this (non-root) user, or None: it makes a user namespace once to see."""
+    tried = subprocess.run([bwrap, "--unshare-user", "--ro-bind", "/", "/", "true"], capture_output=True, text=True,
+                           timeout=30)
+    if tried.returncode == 0:
+        return None
+    why = tried.stderr.strip() or f"exit {tried.returncode}"
+    try:
+        with open("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") as f:
+            if f.read().strip() == "1":
+                why += "; AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)"
+    except OSError:
+        pass
+    return why
+
+
 def bwrap_path() -> str:
-    """The ``bwrap`` binary, or BoundaryError saying how to install it."""
+    """The ``bwrap`` binary, or BoundaryError saying how to install it, or, not as root, how to let it box."""
     found = shutil.which("bwrap")
     if not found:
         raise BoundaryError(
             "grading needs bubblewrap (bwrap) to run each submission inside an operating-system boundary, "
             f"and it is not installed: {INSTALL}. (An instructor who grades only trusted notebooks can "
             "turn the boundary off with c.GuardedExecute.boundary = False in nbgrader_config.py.)")
+    if os.geteuid() != 0 and (why := userns_blocked(found)):
+        raise BoundaryError(f"bwrap cannot box submissions as this user ({why}): {USERNS_REMEDY}")
     return found
 
 

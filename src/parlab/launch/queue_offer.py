@@ -10,7 +10,12 @@ launch by itself: the cell, once offered, passes ``scheduler="slurm"``, and
 every other launch of the notebook stays local (``slurm.choose_scheduler``).
 
 It also says no while nbgrader grades the notebook (``PARLAB_AUTOGRADE`` is
-set): a class's submissions must not each queue an 8-GPU job.
+set): a class's submissions must not each queue an 8-GPU job; and while
+nbgrader's Validate runs it (``PARLAB_VALIDATE`` is set): Validate runs the
+notebook inside the server's request handler under the cell timeout, so a
+queued job would fail right answers and hold the server until it ran.  The
+hub's nbgrader configs set ``PARLAB_VALIDATE`` in the kernels Validate starts
+(``hub/validate_config.py``).
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from .slurm import choose_scheduler
 
 #: Set by ``parlab.grading.autograde`` while nbgrader runs a submission (``grading.harness``).
 _GRADING_ENV = "PARLAB_AUTOGRADE"
+#: Set in the kernels nbgrader's Validate starts (``hub/validate_config.py``: the kernel's first line).
+_VALIDATE_ENV = "PARLAB_VALIDATE"
 
 
 def queue_configured() -> bool:
@@ -38,6 +45,9 @@ def offer_queue(what: str, gpus: int) -> bool:
     """
     if os.environ.get(_GRADING_ENV):
         print(f"parlab: {what} on {gpus} GPUs through the queue is not run while the notebook is graded.")
+        return False
+    if os.environ.get(_VALIDATE_ENV):
+        print(f"parlab: {what} on {gpus} GPUs through the queue is not run while the notebook is validated.")
         return False
     if not queue_configured():
         print(f"parlab: no scheduler is configured, so {what} does not run on {gpus} GPUs through "
