@@ -185,8 +185,9 @@ def _timed_out(f: Facts) -> LaunchTimeout:
     lines += [f"  rank {r}: {text}" for r, text in st.items()]
     starting = [r for r, v in st.items() if v in (_stacks.STARTING_UP, NOT_STARTED)]
     if starting and len(starting) == len(unfinished):
-        lines += ["", f"The ranks had not finished starting: a cold start takes about 4-10 s, more "
-                      f"when many launches share the CPU cores. Raise timeout= (it was {f.timeout:g} s)."]
+        lines += ["", f"The ranks had not finished starting: a start takes about 1-2 s forked from the "
+                      f"kernel's fork server and 4-10 s cold, more when many launches share the CPU cores "
+                      f"or the task imports large modules. Raise timeout= (it was {f.timeout:g} s)."]
         return LaunchTimeout("\n".join(lines), timeout=f.timeout, stacks={}, status=st)
     if any(v == "returned" for v in st.values()):
         lines += ["", "Some ranks returned while others wait: the ranks probably disagree about "

@@ -9,6 +9,7 @@ _FRAME = re.compile(r'File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)')
 _TB_FILE = re.compile(r'File "(?P<file>[^"]*)", line (?P<line>\d+)')
 _PARLAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the parlab package
 _WORKER = os.path.join("parlab", "launch", "worker.py")
+_TASKS = os.path.join("parlab", "launch", "tasks.py")
 _LIB_DIRS = tuple(
     p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
 )
@@ -31,7 +32,7 @@ def _is_library(path: str) -> bool:
             or path.startswith("<frozen"))
 
 
-STARTING_UP = "still starting up (importing torch or joining the process group)"
+STARTING_UP = "still starting up (importing torch or what the task needs, or joining the process group)"
 
 
 def _short(path: str) -> str:
@@ -74,10 +75,13 @@ def where(frames: list[tuple[str, int, str]], labels: dict) -> str:
 
     user = next((f for f in frames if f[0] in labels or not _is_library(f[0])), None)
     inner = frames[0]
-    in_setup = any(f[0].endswith(_WORKER) and f[2] == "_prepare_rank"
-                   for f in frames)
+    in_setup = any(f[0].endswith(_WORKER) and f[2] == "_prepare_rank" for f in frames)
     importing = any(f[0].startswith("<frozen importlib") for f in frames)
     if user is None and (in_setup or importing):
+        return STARTING_UP
+    # loading the task: the worker imports the modules it names (a test module, pytest) before running it
+    in_worker = any(f[0].endswith(_WORKER) and f[2] == "main" for f in frames)
+    if in_worker and importing and not any(f[0].endswith(_TASKS) for f in frames):
         return STARTING_UP
     if user is None:
         return f"in {inner[2]} ({_short(inner[0])}:{inner[1]})"
