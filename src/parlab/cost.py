@@ -192,7 +192,7 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
                                recompute=False, scores: bool = True, ffn: int | None = None,
                                gated: bool = False, kv_heads: int | None = None,
                                dropout: bool = True, cache: str = "bf16", qk_dim: float | None = None,
-                               v_dim: float | None = None, latent: int = 0) -> float:
+                               v_dim: float | None = None, latent: int = 0, sp_gathered: bool = False) -> float:
     """Activation memory of one transformer layer, 16-bit activations (or ``cache="fp8"``, below).
 
     Korthikanti et al. 2022 (arXiv 2205.05198), Table 2:
@@ -234,6 +234,14 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     up-projections read (q_lora_rank + kv_lora_rank + the shared rotary key), kept as their input
     (2·latent/h units).  With ``cache="fp8"`` the up-projections are recomputed (§3.2.3): Q, K and V
     go and the latent is kept in FP8 (latent/h units).
+    ``sp_gathered``: sequence parallelism that keeps the all-gathered, full-sequence inputs of the
+    column-parallel projections for their weight gradients, as torch's ``SequenceParallel`` with
+    ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())`` does (torchtitan's
+    Llama plan, ``apply_tp`` in torchtitan/models/llama3/infra/parallelize.py at 238fa9953): the
+    attention and MLP inputs (2 + 2 units) are kept whole, 4·sbh, not 4·sbh/t.  Megatron-LM's
+    sequence parallelism (the default, False) keeps its sequence shard and all-gathers it again in
+    backward (Korthikanti et al. 2022, §4.2.2; megatron/core/tensor_parallel/layers.py,
+    ``LinearWithGradAccumulationAndAsyncCommunication``).  Only with ``sp``, t > 1 and 16-bit caching.
     ``recompute`` is "none", "selective" or "full" (or a bool: True = "full").
     """
     for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
@@ -260,6 +268,8 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     else:
         split = qkv + 2 * v + (6 if gated else 4) * width  # the parts TP splits: Q/K/V, attention output, MLP
         kept = 8 + (2 if dropout else 0)  # norm inputs 4, attention and MLP inputs 2 + 2, dropout masks 2
+    if sp and sp_gathered and cache == "bf16":  # the attention and MLP inputs kept gathered (4 units)
+        return sbh * ((kept - 4 + split + attn) / t + 4)
     if sp:
         return sbh * (kept + split + attn) / t
     return sbh * (kept + split / t + attn / t)
@@ -369,24 +379,42 @@ def cp_comm_elems_per_layer(b: int, s: int, h_kv: int, c: int, reverse_backward:
     return chunks * s * b * h_kv / c
 
 
-def cp_allgather_elems_per_layer(b: int, s: int, h_kv: int, c: int) -> float:
+CP_ALLGATHER = ("transformer_engine", "torch")
+
+
+def cp_allgather_elems_per_layer(b: int, s: int, h_kv: int, c: int, implementation: str) -> float:
     """Elements each rank sends per layer per micro-batch under all-gather context parallelism.
 
-    Forward all-gathers the K and V chunks (each b·(s/c)·h_kv elements) so that every rank
-    holds the whole sequence's K and V, and attends its own queries to them; backward
-    reduce-scatters dK and dV.  On a ring each collective sends c − 1 chunks per rank:
-    4(c − 1) chunks, 4(c − 1)/c·s·b·h_kv elements, fewer than the ring's 6(c − 1)/c
-    (``cp_comm_elems_per_layer``) because K and V are not passed round again in backward,
-    at the price of memory: ``cp_kv_elems_held`` of the whole sequence instead of two chunks.
-    Llama 3 trained with it (Dubey et al. 2024, §3.3.2: all-gather K and V, then attend the
-    local Q); torch 2.13's ``context_parallel`` rotates K/V this way by default
-    (``set_rotate_method("allgather")``; "alltoall" is its other option); Megatron-Core
-    calls it ``cp_comm_type="all_gather"``.  c = 1 sends nothing.
+    Forward all-gathers the K and V chunks (each b·(s/c)·h_kv elements) so that every rank holds
+    the whole sequence's K and V, and attends its own queries to them: 2(c − 1) chunks.  Neither
+    implementation keeps the gathered K/V for backward (only the local chunk is saved), so backward
+    gathers them again, 2(c − 1) chunks more, and returns dK, dV to their owners:
+      "transformer_engine"  ``AttnFuncWithCPAndKVAllGather`` (Megatron-Core's
+          ``cp_comm_type="all_gather"``; transformer_engine/pytorch/attention/dot_product_attention/
+          context_parallel.py: ``gather_along_first_dim`` of k and v in forward and again in backward,
+          ``reduce_scatter_along_first_dim`` of dk and dv): 2(c − 1) chunks for the reduce-scatter,
+          6(c − 1) in all, 6(c − 1)/c·s·b·h_kv, the bytes of TransformerEngine's ring
+          (``cp_comm_elems_per_layer(reverse_backward=True)``).  Its docstring: "KV all-gather between CP
+          ranks is exposed".
+      "torch"  torch 2.13's ``context_parallel`` with its default ``set_rotate_method("allgather")``
+          (torch/distributed/tensor/experimental/_context_parallel/_attention.py,
+          ``_templated_ring_attention_backward``): the backward all-gathers K/V again and passes dK, dV
+          round the ring one hop per block with an all-to-all rotater, c hops (the last one home): 2c
+          chunks, 6c − 4 in all, (6c − 4)/c·s·b·h_kv, the bytes of lab 07's ring
+          (``cp_comm_elems_per_layer(reverse_backward=False)``).
+    So all-gather moves no fewer bytes than the ring.  What it buys is elsewhere: the attention
+    kernel sees the whole sequence's K/V at once, so any mask (Llama 3's document masks) is easy,
+    and with grouped-query attention K/V are small beside Q (Dubey et al. 2024, §3.3.2); the price
+    is ``cp_kv_elems_held`` of the whole sequence.  c = 1 sends nothing.
     """
     for name, x in (("b", b), ("s", s), ("h_kv", h_kv)):
         _nonneg(name, x)
     _at_least_one("c", c)
-    return 4 * (c - 1) * s * b * h_kv / c
+    _choice("implementation", implementation, CP_ALLGATHER)
+    if c == 1:
+        return 0.0
+    chunks = 6 * (c - 1) if implementation == "transformer_engine" else 6 * c - 4
+    return chunks * s * b * h_kv / c
 
 
 def cp_alltoall_elems_per_layer(b: int, s: int, h: int, h_kv: int, c: int) -> float:
@@ -397,8 +425,9 @@ def cp_alltoall_elems_per_layer(b: int, s: int, h: int, h_kv: int, c: int) -> fl
     heads), attention runs locally, and a second all-to-all turns the output back; backward
     repeats both in reverse.  Each all-to-all keeps 1/c of the rank's (s/c)·b·width elements
     and sends the rest: 2·(c − 1)/c·(s/c)·b·(2h + 2h_kv) in all, which shrinks as c grows,
-    where the ring's and all-gather's stay near 6 and 4 chunks of K/V.  It needs the heads
-    and the K/V heads to divide by c, so c is capped by the K/V heads (8 in Llama 3).
+    where the ring's and all-gather's stay near 6 chunks of K/V.  It needs the heads
+    and the K/V heads to divide by c, so c is capped by the K/V heads (8 in Llama 3).  DeepSpeed's
+    sequence parallelism is this one.
     Megatron-Core calls it ``cp_comm_type="a2a"`` (and "a2a+p2p" for a2a inside a node and
     the ring across).  c = 1 sends nothing.
     """
@@ -492,13 +521,26 @@ def bubble_fraction(p: int, m: int, schedule: str = "gpipe", v: int = 1,
     return bubble / ideal if definition == "megatron" else bubble / (ideal + bubble)
 
 
-def pipeline_warmup(p: int, rank: int) -> int:
-    """Forward passes stage ``rank`` runs before its first backward in 1F1B: p - rank - 1
-    (Megatron-LM schedules)."""
+def stage_sizes(n_layers: int, p: int) -> tuple[int, ...]:
+    """Layers on each of p pipeline stages, split as evenly as they go: the first n_layers mod p
+    stages take one more (0 on the last stages when p > n_layers, a split no plan may use)."""
+    _at_least_one("n_layers", n_layers)
     _at_least_one("p", p)
+    q, r = divmod(n_layers, p)
+    return tuple(q + (1 if i < r else 0) for i in range(p))
+
+
+def pipeline_warmup(p: int, rank: int, v: int = 1) -> int:
+    """Forward passes stage ``rank`` runs before its first backward, with enough micro-batches
+    (Megatron-LM's schedules, megatron/core/pipeline_parallel/schedules.py): p - rank - 1 in 1F1B;
+    with v > 1 model chunks per rank (interleaved 1F1B), 2(p - rank - 1) + (v - 1)·p chunk forwards.
+    The one home of the warm-up: ``activations_held`` and ``parallel.pp_schedule.warmup_forwards``
+    (which caps it by the micro-batches there are) read it."""
+    _at_least_one("p", p)
+    _at_least_one("v", v)
     if not 0 <= rank < p:
         raise ValueError(f"rank must be in 0..{p - 1}, got {rank!r}")
-    return p - rank - 1
+    return p - rank - 1 if v == 1 else 2 * (p - rank - 1) + (v - 1) * p
 
 
 def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0, v: int = 1) -> float:
@@ -515,16 +557,17 @@ def activations_held(p: int, m: int, schedule: str = "1f1b", rank: int = 0, v: i
     _choice("schedule", schedule, ("gpipe", "1f1b", "interleaved"))
     _at_least_one("m", m)
     _at_least_one("v", v)
-    warm = pipeline_warmup(p, rank)
     if schedule == "gpipe":
+        pipeline_warmup(p, rank)  # checks p and rank
         return m
     if schedule == "1f1b":
         if v != 1:
             raise ValueError(f"v={v} only applies to schedule='interleaved'")
-        return min(m, warm + 1)
+        return min(m, pipeline_warmup(p, rank) + 1)
+    warm = pipeline_warmup(p, rank, v)
     if m == p:
         return m
-    chunks = min(m * v, 2 * warm + (v - 1) * p + 1)
+    chunks = min(m * v, warm + 1)
     return chunks / v
 
 

@@ -126,6 +126,10 @@ def test_bubble_definitions():
 
 def test_pipeline_warmup_and_activations():
     assert [cost.pipeline_warmup(4, r) for r in range(4)] == [3, 2, 1, 0]
+    # interleaved (Megatron-LM): 2(p − r − 1) + (v − 1)p chunk forwards, the schedule simulator's too
+    from parlab.parallel.pp_schedule import warmup_forwards
+    assert [cost.pipeline_warmup(4, r, v=2) for r in range(4)] == [10, 8, 6, 4]
+    assert [warmup_forwards(4, 8, r, "interleaved", 2) for r in range(4)] == [10, 8, 6, 4]
     assert cost.activations_held(4, 16, "gpipe") == 16
     assert [cost.activations_held(4, 16, "1f1b", r) for r in range(4)] == [4, 3, 2, 1]
     assert cost.activations_held(4, 2, "1f1b") == 2  # never more than m
@@ -277,12 +281,18 @@ def test_the_three_ways_of_context_parallelism_send_and_hold_what_they_say():
     b, s, h, h_kv, c = 1, 32768, 4096, 1024, 4
     chunk = b * s / c * h_kv
     assert cost.cp_comm_elems_per_layer(b, s, h_kv, c, reverse_backward=True) == 4 * (c - 1) * chunk + 2 * (c - 1) * chunk
-    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, c) == 4 * (c - 1) * chunk  # K, V gathered; dK, dV scattered
+    # all-gather: K, V gathered in forward and again in backward; dK, dV reduce-scattered (TransformerEngine) or
+    # passed c hops round the ring (torch's context_parallel)
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, c, "transformer_engine") == 6 * (c - 1) * chunk
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, c, "torch") == (4 * (c - 1) + 2 * c) * chunk
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, c, "torch") == cost.cp_comm_elems_per_layer(b, s, h_kv, c)
+    with pytest.raises(ValueError, match="unknown implementation"):
+        cost.cp_allgather_elems_per_layer(b, s, h_kv, c, "megatron")
     # Ulysses: four all-to-alls, each sending (c - 1)/c of the rank's Q, K, V (or O) block
     qkv, out = s / c * b * (h + 2 * h_kv), s / c * b * h
     assert cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, c) == pytest.approx(2 * (c - 1) / c * (qkv + out))
     assert cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 8) < cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 4)
-    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, 1) == cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 1) == 0
+    assert cost.cp_allgather_elems_per_layer(b, s, h_kv, 1, "torch") == cost.cp_alltoall_elems_per_layer(b, s, h, h_kv, 1) == 0
     held = {m: cost.cp_kv_elems_held(b, s, h_kv, c, m) for m in ("ring", "all_gather", "all_to_all")}
     assert held == {"ring": 4 * chunk, "all_gather": 2 * b * s * h_kv, "all_to_all": 2 * chunk}
     with pytest.raises(ValueError, match="method must be one of"):

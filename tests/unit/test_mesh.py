@@ -183,3 +183,39 @@ def test_the_planners_cluster_takes_the_launchs_nodes():
         Cluster.from_launch({})
     with pytest.raises(TypeError, match="gpus_per_node come"):
         Cluster.from_launch(TORCHRUN_2x2, gpus_per_node=8)
+
+
+def test_a_groups_span_is_the_ranks_it_runs_over():
+    # every grid of three axes of sizes 1-4 and every run of adjacent axes: last member - first + 1
+    runs = [("a",), ("b",), ("c",), ("a", "b"), ("b", "c"), ("a", "b", "c")]
+    for sizes in itertools.product([1, 2, 3, 4], repeat=3):
+        g = Grid(("a", "b", "c"), sizes)
+        for axes in runs:
+            others = [x for x in g.names if x not in axes]
+            groups = {}
+            for r in range(g.world_size):
+                groups.setdefault(tuple(g.coords(r)[o] for o in others), []).append(r)
+            inner = g.stride(axes[-1])
+            assert {max(grp) - min(grp) + inner for grp in groups.values()} == {g.span(axes)}, (sizes, axes)
+            # a span that fits a node it divides never leaves it; one larger than a node always does
+            for per_node in (1, 2, 4, 8, 12, 16):
+                listed = any(len({r // per_node for r in grp}) > 1 for grp in groups.values())
+                if per_node % g.span(axes) == 0 or g.span(axes) > per_node:
+                    assert listed == (g.span(axes) > per_node) or len(groups[next(iter(groups))]) == 1
+    with pytest.raises(ValueError, match="adjacent"):
+        Grid.of(pp=2, dp=2, tp=2).span(("pp", "tp"))
+
+
+def test_the_planner_places_its_axes_on_the_grid():
+    from parlab import planner
+    plan = planner.Plan(dp=4, tp=4, pp=4, cp=1, zero=1, micro_batch=1, accum=8)
+    c = planner.Cluster(64)
+    g = planner.grid(plan)
+    assert (g.names, g.sizes) == (("pp", "dp", "cp", "tp"), (4, 4, 1, 4))
+    layout = NodeLayout(8, 8)
+    for axis, crosses in (("tp", False), ("dp", True)):
+        assert planner.axis_crosses(plan, c, axis) == crosses == (g.nodes_spanned(axis, layout) > 1)
+    assert planner.boundary_crosses(plan, c) == [True, True, True]
+    # Megatron-Core's expert grid: EP ranks tp apart, without CP
+    moe = planner.Plan(dp=8, tp=2, pp=1, cp=2, zero=1, micro_batch=1, accum=1, ep=4)
+    assert planner.expert_grid(moe).stride("ep") == 2 and not planner.axis_crosses(moe, planner.Cluster(32), "ep")

@@ -86,3 +86,65 @@ def test_no_returned_plan_is_one_no_framework_runs(name):
     if best is not None:
         assert F.runs_on(best.plan) in F.FRAMEWORKS and "framework" in best.plan.why
         assert F.configuration(best.plan, work)
+
+
+def test_each_frameworks_sequence_parallelism_keeps_what_that_framework_keeps():
+    from parlab import cost
+    # torchtitan (ZeRO-2/3 with TP, pp = 1): the gathered inputs of the colwise projections are kept whole
+    titan, megatron = Plan(dp=4, tp=4, pp=1, zero=3, micro_batch=1, accum=16), Plan(dp=4, tp=4, pp=1, zero=1,
+                                                                                   micro_batch=1, accum=16)
+    assert F.runs_on(titan) == "torchtitan" and F.sp_keeps_gathered(titan)
+    assert F.runs_on(megatron) == "Megatron-LM" and not F.sp_keeps_gathered(megatron)
+    assert not F.sp_keeps_gathered(Plan(dp=16, tp=1, pp=1, zero=3, micro_batch=1, accum=4))  # no TP, no SP
+    assert not F.sp_keeps_gathered(Plan(dp=4, tp=2, pp=2, zero=2, micro_batch=1, accum=16))  # no torchtitan layout
+    s, b, h, a, t = 4096, 1, 4096, 32, 4
+    args = dict(t=t, sp=True, scores=False, **M7.shape)
+    extra = cost.activation_bytes_per_layer(s, b, h, a, sp_gathered=True, **args) - \
+        cost.activation_bytes_per_layer(s, b, h, a, **args)
+    assert extra == pytest.approx(4 * s * b * h * (1 - 1 / t))  # attention's and the MLP's inputs, 2 + 2 units
+    # full recomputation keeps the block's sequence-sharded input in both
+    assert cost.activation_bytes_per_layer(s, b, h, a, sp_gathered=True, recompute="full", **args) == \
+        cost.activation_bytes_per_layer(s, b, h, a, recompute="full", **args)
+    # the planner counts the difference on every layer held
+    diff = planner.memory_per_gpu(titan, M7) - planner.memory_per_gpu(megatron, M7)
+    states = sum(planner.memory_breakdown(titan, M7)[k] - planner.memory_breakdown(megatron, M7)[k]
+                 for k in ("weights", "grads", "optimizer"))
+    assert diff - states == pytest.approx(extra * M7.layers)
+
+
+def test_all_gather_cp_is_torchs_and_costs_the_rings_bytes():
+    from parlab import cost
+    long = ModelSpec("7B", 7e9, 32, 4096, 32, 32768, kv_heads=8)
+    titan = Plan(dp=4, tp=1, pp=1, cp=4, zero=3, micro_batch=1, accum=4)
+    assert F.cp_method(titan) == "all_gather" and F.runs_on(titan) == "torchtitan"
+    chunk = 32768 / 4 * 1024  # one rank's K (or V) of b·(s/c)·h_kv elements
+    assert cost.cp_allgather_elems_per_layer(1, 32768, 1024, 4, "torch") == 20 * chunk  # 6c − 4
+    assert cost.cp_allgather_elems_per_layer(1, 32768, 1024, 4, "transformer_engine") == 18 * chunk  # 6(c − 1)
+    # on a link slow enough that nothing hides, the planner's exposed CP time is torch's bytes over the link
+    slow = Workload(long, planner.Cluster(16, nvlink_busbw=1e8, latency=0.0), 16)
+    step = planner.step_time(titan, slow)
+    assert step["cp"] == pytest.approx(20 * chunk * 2 / 1e8 * 32 * 4, rel=0.01)
+
+
+def test_the_planner_is_one_package_whose_modules_import_one_another_one_way():
+    # parlab.planner (the model and the search) -> .frameworks -> parlab.cost; .published -> the package;
+    # .band -> the package, .frameworks, .published; the old top-level names are the same modules
+    import ast
+    from pathlib import Path
+
+    from parlab import planner_band, planner_published
+    pkg = Path(planner.__file__).resolve().parent
+    assert pkg.name == "planner" and F is planner.frameworks and F.__name__ == "parlab.planner.frameworks"
+    assert planner_band is planner.band and planner_published is planner.published
+
+    def imports(module: str) -> set:
+        found = set()
+        for node in ast.walk(ast.parse((pkg / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                names = {node.module} if node.module else {a.name for a in node.names}
+                found |= {("." * node.level) + n for n in names}
+        return found
+
+    assert imports("frameworks") == {"..cost"}  # nothing of the planner
+    assert imports("__init__") & {".band", ".published"} == set()
+    assert ".band" not in imports("published")

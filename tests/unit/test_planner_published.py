@@ -54,7 +54,8 @@ def test_predicted_throughput_is_within_tolerance(run, results, request):
 def test_the_planners_best_keeps_tp_in_a_node_and_is_not_much_faster(run, results):
     pred, best = results[run.name]
     assert best is not None and best.plan.tp <= run.work.cluster.gpus_per_node
-    if not run.plan.stages:  # a layout the search can express: it finds at least that fast a plan
+    if not run.plan.stages and not run.memory_miss:  # a layout the search can express and that fits: it finds
+        # at least that fast a plan
         assert best.tokens_per_second >= pred.tokens_per_second * (1 - 1e-9)
     # a known miss is compared with what its authors reached, not with a prediction off by more than the band
     published = run.reported if run.miss else pred.tokens_per_second
@@ -139,3 +140,16 @@ def test_llama_3s_fsdp_read_as_zero2_still_does_not_fit_without_recomputation():
         assert got["GB without recomputation"] * 1e9 > run.work.cluster.usable_memory
         assert got["GB with full recomputation"] < P.memory_per_gpu(run.plan, run.work.model) / 1e9
         assert got["reduce-scatters per step"] == run.plan.accum > 1
+
+
+def test_docs_state_the_software_era_with_the_tables_figures():
+    from pathlib import Path
+
+    from parlab import cost
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text().split())
+    mfu = [r.reported * cost.model_flops_per_token(r.work.model.params, r.work.model.layers, r.work.model.hidden,
+                                                   r.work.model.seq) / (r.work.cluster.gpus * r.work.cluster.peak_flops)
+           for r in RUNS if r.name.startswith("Megatron-LM")]
+    assert f"Megatron-LM's 2021 runs reached {min(mfu) * 100:.0f}-{max(mfu) * 100:.0f} % MFU on A100s" in doc
+    assert f"lower `Cluster.best_mfu` to the best MFU that era published ({max(mfu):.2f} for the runs above)" in doc
+    assert all(r.work.cluster.best_mfu > max(mfu) for r in RUNS)  # every cap is a later era's

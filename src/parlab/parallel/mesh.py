@@ -155,6 +155,23 @@ class Grid:
         """{axis: nodes_spanned(axis, layout)}: which axes cross nodes, and over how many."""
         return {axis: self.nodes_spanned(axis, layout) for axis in self.names}
 
+    def span(self, axes: tuple[str, ...]) -> int:
+        """How many consecutive ranks one group along ``axes`` (one axis, or adjacent axes taken together:
+        the ranks that share every other coordinate) runs over, first to last: the stride of the innermost
+        of them × their sizes.  A planner compares it with a node's GPUs to say whether the group leaves
+        its node without listing the ranks (``nodes_spanned`` lists them).
+
+            >>> Grid.of(pp=2, dp=2, cp=2, tp=4).span(("tp",)), Grid.of(pp=2, dp=2, cp=2, tp=4).span(("dp", "cp"))
+            (4, 16)
+        """
+        idx = sorted(self.axis(a) for a in axes)
+        if idx != list(range(idx[0], idx[0] + len(idx))):
+            raise ValueError(f"axes must be adjacent in {self}, got {axes!r}")
+        out = self.stride(self.names[idx[-1]])
+        for i in idx:
+            out *= self.sizes[i]
+        return out
+
 
 @dataclass(frozen=True)
 class Mesh:

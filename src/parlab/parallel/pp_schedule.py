@@ -27,6 +27,8 @@ that measured Gantt charts are compared with.
 """
 from __future__ import annotations
 
+from ..cost import pipeline_warmup
+
 __all__ = ["SCHEDULES", "PHASES", "schedule_order", "phases", "ideal_schedule", "peak_held",
            "p2p_messages", "warmup_forwards"]
 
@@ -47,15 +49,16 @@ def _check(p: int, m: int, v: int, schedule: str) -> None:
 
 
 def warmup_forwards(p: int, m: int, rank: int, schedule: str = "1f1b", v: int = 1) -> int:
-    """Forwards stage ``rank`` runs before the steady one-forward-one-backward phase."""
+    """Forwards stage ``rank`` runs before the steady one-forward-one-backward phase: the warm-up of
+    ``parlab.cost.pipeline_warmup``, capped by the micro-batches (chunk forwards) there are."""
     _check(p, m, v, schedule)
     if schedule == "gpipe":
         return m
     if schedule == "1f1b":
-        return min(p - rank - 1, m)
+        return min(pipeline_warmup(p, rank), m)
     if m == p:  # Megatron-LM: with as many micro-batches as stages, everything is warm-up
         return m * v
-    return min((p - rank - 1) * 2 + (v - 1) * p, m * v)
+    return min(pipeline_warmup(p, rank, v), m * v)
 
 
 def _chunk_mb(k: int, p: int, v: int, forward: bool) -> tuple[int, int]:
