@@ -6,8 +6,9 @@ the lab's exercise names (``lab07.EXERCISES``' keys):
 - ``CORRECT``       ``{key: [answer, ...]}``: right answers written differently from the
                     notebook's solution; they pass the visible and the hidden cases.
 - ``WRONG``         ``{key: [(answer, words), ...]}``: answers students really write; they fail
-                    the visible cases with a message containing ``words`` (a string, or a
-                    tuple of strings that must all appear).
+                    the visible cases with a message containing ``words`` (a string, a
+                    tuple of strings that must all appear, or ``wrong_answers.Says``, which
+                    also names words that must not appear: another mistake's hint).
 - ``WRONG_HIDDEN``  ``{key: [(answer, words), ...]}``: wrong answers that the visible cases
                     cannot tell from right ones; they pass the visible cases and fail the
                     hidden ones with ``words``.
@@ -34,6 +35,7 @@ import pytest
 
 from grading_reports import short_keys
 from parlab.grading import harness
+from wrong_answers import holds, must
 
 TABLES = ("CORRECT", "WRONG", "WRONG_HIDDEN", "ALONE")
 
@@ -43,7 +45,8 @@ def _name(answer) -> str:
 
 
 def _says(message: str, words) -> bool:
-    return all(w in message for w in ((words,) if isinstance(words, str) else words))
+    """The message names the answer's mistake (``words``) and no other (``Says.never``)."""
+    return holds(message, words)
 
 
 class AnswerSuite:
@@ -152,7 +155,7 @@ class AnswerSuite:
             for key, pairs in self.table(table).items():
                 messages[key] += [report[(key, _name(a))] or "" for a, _ in pairs]
         for key, pairs in self.table("ALONE").items():  # their messages hold their words: the test above
-            messages[key] += [" ".join((words,) if isinstance(words, str) else words) for _, words in pairs]
+            messages[key] += [" ".join(must(words)) for _, words in pairs]
         for key, ex in self.exercises.items():
             for rule in ex.rules:
                 assert any(self.breaks(rule, m) for m in messages[key]), \

@@ -149,3 +149,79 @@ def test_tolerances_follow_the_backend():
         assert check.same_values(noisy, exp)
     with pytest.raises(ValueError, match="unknown backend"):
         check.assert_close(exp, exp, backend="carrier-pigeon")
+
+
+# ------------------------------------------------------------ diagnosis: a hint only from evidence
+def test_diagnose_names_the_one_mistake_that_fits_every_piece():
+    from parlab.grading.diagnosis import diagnose
+
+    assert diagnose([{"bits": "8x"}, {"bits": "8x", "gb": "GB"}]) == "8x"
+    # two mistakes fit every piece: neither is named
+    assert diagnose([{"a": "A", "b": "B"}, {"a": "A", "b": "B"}]) == ""
+    # a piece the answer got right rules a mistake out
+    assert diagnose([{"a": "A", "b": "B"}], right=[["a"]]) == "B"
+    # one piece that fits nothing: nothing is named
+    assert diagnose([{"a": "A"}, {}]) == ""
+    assert diagnose([]) == ""
+
+
+def test_numbers_message_names_a_mistake_only_when_every_case_shows_it():
+    from parlab.grading.numbers import numbers_message
+
+    def rows(got_of):
+        return [(got_of(n), 16 * n, f"f({n})", [(12 * n, "optimizer only"), (8 * n, "no moments"),
+                                                 (8 * n * (n > 1), "moments only on big n")])
+                for n in (1, 2)]
+    assert numbers_message(rows(lambda n: 12 * n)).endswith("optimizer only")
+    # 8n fits "no moments" on both cases; "moments only on big n" gives 0 on n = 1: ruled out there
+    assert numbers_message(rows(lambda n: 8 * n)).endswith("no moments")
+    # right on n = 1, wrong on n = 2: a mistake that is wrong on n = 1 is ruled out, none is named
+    message = numbers_message(rows(lambda n: 16 if n == 1 else 24))
+    assert message.startswith("f(2) returned 24") and "Yours is 0.75 times" in message
+    # two mistakes give one value: the message says what differs and names neither
+    both = [(12.0, 16.0, "g()", [(12.0, "A", "a"), (12.0, "B", "b")])]
+    assert "A" not in numbers_message(both).split("expected")[1] and "0.75 times" in numbers_message(both)
+    assert numbers_message(both, differs=lambda got, want, i: f"{got:g} of {want:g}").endswith("12 of 16")
+
+
+def test_a_call_is_named_from_the_record():
+    from parlab.grading.records import describe
+
+    record = {"calls": [{"op": "all_gather", "numel": 1, "dtype": "int64", "peer": None, "in_backward": False},
+                        {"op": "send", "numel": 24, "dtype": "float32", "peer": 3, "in_backward": True,
+                         "group_size": 2}]}
+    assert describe(record, record["calls"][0]) == "dist.all_gather of 1 int64 elements (call 1 of 2)"
+    assert describe(record, record["calls"][1]) == ("dist.send of 24 float32 elements with rank 3 on a group of "
+                                                    "2 ranks during backward (call 2 of 2)")
+    via = {"op": "all_reduce", "numel": 4, "dtype": "float32", "peer": None, "in_backward": False,
+           "via": "ProcessGroup.allreduce"}
+    assert describe({"calls": [via]}, via).startswith("ProcessGroup.allreduce (what dist.all_reduce runs) of 4")
+
+
+def test_which_term_isolates_the_term_by_doubling_one_input_at_a_time():
+    from parlab.grading.diagnosis import Term, which_term
+
+    x, y = Term("x", "the x term", 0), Term("y", "the y term", 1)
+
+    def want(a, b):
+        return 3 * a + 5 * b * b
+
+    def changes(answer, args=(2.0, 1.0)):
+        return answer(*args), want(*args), [(t, answer(*t.vary(args)), want(*t.vary(args))) for t in (x, y)]
+
+    got, wanted, seen = changes(lambda a, b: 3 * a)  # the y term left out
+    assert which_term(got, wanted, seen).startswith("Your answer does not change when y doubles")
+    got, wanted, seen = changes(lambda a, b: 3 * a + 5 * b)  # the y term wrong
+    assert "the term that is wrong is the y term" in which_term(got, wanted, seen)
+    got, wanted, seen = changes(lambda a, b: 3 * a + 5 * b * b + 1)  # a constant
+    assert "the part that none of them changes is off, by 1" in which_term(got, wanted, seen)
+
+    def product(a, b):
+        return 4 * a * b
+
+    def ring(a, b):  # a factor of b written upside down: every input's change is off, b's factor alone
+        return 4 * a / b
+
+    args = (2.0, 4.0)
+    seen = [(t, ring(*t.vary(args)), product(*t.vary(args))) for t in (x, y)]
+    assert "When y doubles, your answer grows 0.5 times, not 2 times" in which_term(ring(*args), product(*args), seen)

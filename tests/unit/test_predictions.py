@@ -28,8 +28,10 @@ def test_declares_a_solo_exercise_with_the_no_cost_rule():
 def test_grader_names_the_first_wrong_case_and_its_mistake():
     grade = prediction_grader("f(n={}, b={})", lambda n, b: n * b, _mistakes, unit="bytes")
     assert grade(Graded("f", 1, [(10, 2), (3, 4)], [[20, 12]])) is None
-    msg = grade(Graded("f", 1, [(10, 2), (3, 4)], [[20, 96]]))
-    assert msg.startswith("f(n=3, b=4) returned 96 bytes, expected 12 bytes.") and "Bits" in msg
+    msg = grade(Graded("f", 1, [(10, 2), (3, 4)], [[160, 96]]))  # bits on every case: the mistake is named
+    assert msg.startswith("f(n=10, b=2) returned 160 bytes, expected 20 bytes.") and "Bits" in msg
+    msg = grade(Graded("f", 1, [(10, 2), (3, 4)], [[20, 96]]))  # right on one case: bits do not explain it
+    assert msg.startswith("f(n=3, b=4) returned 96 bytes, expected 12 bytes.") and "Bits" not in msg
     assert "did you forget the `return`" in grade(Graded("f", 1, [(10, 2)], [[None]]))
     # only the cases that ran are graded
     assert grade(Graded("f", 1, [(10, 2), (3, 4)], [[20]])) is None

@@ -17,6 +17,10 @@ import torch
 import torch.distributed as dist
 
 from parlab import cost
+from wrong_answers import says
+
+_TWELVE = says("That is 12 bytes per parameter", never=("only the optimizer state", "master weights (4 bytes) are missing"),
+               differs=True)
 
 # ------------------------------------------------------------ hello (run on ranks)
 
@@ -121,11 +125,19 @@ def weight_as_tensor(n, b):
     return torch.tensor(float(n)) * b
 
 
+def weight_whole_bytes(n, b):
+    return n * int(b)  # right for 1, 2 and 4 bytes; 4-bit weights (0.5) give 0
+
+
 # ------------------------------------------------------------ training_state_bytes
 
 
 def state_optimizer_only(n):
     return 12 * n
+
+
+def state_no_master(n):
+    return (2 + 2 + 4 + 4) * n  # momentum and variance, but no fp32 master: 12, as above
 
 
 def state_weights_grads_only(n):
@@ -181,6 +193,10 @@ def gpus_weights_only(n, mem):
 
 def gpus_weights_and_grads(n, mem):
     return math.ceil(4 * n / mem)
+
+
+def gpus_no_master(n, mem):
+    return math.ceil((2 + 2 + 4 + 4) * n / mem)  # the same count as the optimizer state alone
 
 
 def gpus_ceil_division_float(n, mem):
@@ -355,9 +371,13 @@ WRONG = {
         (weight_as_tensor, "(Tensor); it should return a number"),
     ],
     "training_state_bytes": [
-        (state_optimizer_only, "only the optimizer state"),
+        # 12 bytes per parameter: the optimizer state alone, or everything but the fp32 master;
+        # 18: fp32 gradients, or fp32 weights. One case cannot tell them apart: no cause is named.
+        (state_optimizer_only, _TWELVE),
+        (state_no_master, _TWELVE),
         (state_weights_grads_only, "fp32 master copy"),
-        (state_fp32_grads, "fp32 gradients"),
+        (state_fp32_grads, says("That is 18 bytes per parameter", never=("fp32 gradients", "fp32 weights"),
+                                differs=True)),
         (state_master_twice, "twice"),
         (state_bits, "bits, not bytes"),
         (state_gib, "GiB"),
@@ -369,6 +389,8 @@ WRONG = {
         (gpus_float, "int"),
         (gpus_weights_only, "only the weights"),
         (gpus_weights_and_grads, "weights and gradients only"),
+        (gpus_no_master, says("16 bytes per parameter", "rounded up",
+                              never=("only the optimizer state", "master weights"), differs=True)),
         (gpus_ceil_division_float, "return it as an int"),
     ],
     "days_to_train": [
@@ -387,6 +409,7 @@ WRONG = {
 #: Right on the visible cases (2 ranks; 7.5e9 and 70e9 parameters), wrong on the hidden ones.
 WRONG_HIDDEN = {
     "hello": [(hello_fixed_world_of_two, "dist.get_world_size()")],
-    # 6e9 parameters need 1.2 GPUs: round() gives 1, as rounding down does.
-    "gpus_to_hold_state": [(gpus_round, "rounded down")],
+    # 6e9 parameters need 1.2 GPUs: round() gives 1; 3e9 (0.6 GPUs) rules out rounding down.
+    "gpus_to_hold_state": [(gpus_round, says("rounded to the nearest", never="rounded down"))],
+    "weight_bytes": [(weight_whole_bytes, says("not a whole number", "without rounding"))],
 }

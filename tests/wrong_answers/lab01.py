@@ -299,6 +299,46 @@ def bw_elements_not_bytes(numel, dtype, seconds, n):
     return numel / seconds / 1e9, numel / seconds * 2 * (n - 1) / n / 1e9
 
 
+def rs_ag_gathers_first(x):
+    """All-gathers every input and sums them, then calls the two collectives for show."""
+    n = dist.get_world_size()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x)
+    c = -(-x.numel() // n)
+    dummy = torch.zeros(c * n, dtype=x.dtype)
+    mine = torch.empty(c, dtype=x.dtype)
+    dist.reduce_scatter(mine, list(dummy.split(c)))
+    dist.all_gather([torch.empty_like(mine) for _ in range(n)], mine)
+    return torch.stack(parts).sum(0)
+
+
+def rs_ag_gathers_the_input(x):
+    """A reduce-scatter whose result is dropped, then an all-gather of every whole input, summed."""
+    n = dist.get_world_size()
+    c = -(-x.numel() // n)
+    padded = torch.zeros(c * n, dtype=x.dtype)
+    padded[: x.numel()] = x.reshape(-1)
+    dist.reduce_scatter(torch.empty(c, dtype=x.dtype), list(padded.split(c)))
+    parts = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(parts, x)
+    return torch.stack(parts).sum(0)
+
+
+def tree_binomial_isend(x, root):
+    """Binomial tree: in round k, every rank that has the data sends it 2**k ranks further.
+    The notebook's binary tree's partners on up to 4 ranks, not on 5."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    v = (rank - root) % n
+    out = x.clone()
+    for k in range(math.ceil(math.log2(n)) if n > 1 else 0):
+        step = 1 << k
+        if v < step and v + step < n:
+            dist.isend(out, (v + step + root) % n).wait()
+        elif step <= v < 2 * step:
+            dist.irecv(out, (v - step + root) % n).wait()
+    return out
+
+
 WRONG = {
     "rs_ag": [
         (rs_ag_forgets_remainder, "forget the last chunk"),
@@ -308,6 +348,8 @@ WRONG = {
         (rs_ag_uses_all_reduce, "called dist.all_reduce"),
         (rs_ag_result_into_input, "input x was modified"),
         (rs_ag_only_reduce_scatter, "never called dist.all_gather"),
+        (rs_ag_gathers_first, ("called dist.all_gather of", "before its first reduce-scatter")),
+        (rs_ag_gathers_the_input, ("more than one reduced chunk", "not the input")),
     ],
     "ring": [
         (ring_one_step_short, "only some ranks' inputs"),
@@ -335,7 +377,9 @@ WRONG = {
 
 #: Caught only by the hidden tests (other world sizes and sizes).
 WRONG_HIDDEN = {
-    "tree": [(tree_power_of_two_only, "not a power of two")],
+    "tree": [(tree_power_of_two_only, "not a power of two"),
+             # The notebook's binary tree on 3 and 4 ranks, not on 5, where the root sends to 4 too.
+             (tree_binomial_isend, ("called dist.isend of", "its children in the binary tree"))],
 }
 
 #: Hang or crash some ranks: each is graded alone, through the public check, so that it
@@ -437,20 +481,6 @@ def tree_binary_heap(x, root):
     return x
 
 
-def tree_binomial_isend(x, root):
-    """Binomial tree: in round k, every rank that has the data sends it 2**k ranks further."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    v = (rank - root) % n
-    out = x.clone()
-    for k in range(math.ceil(math.log2(n)) if n > 1 else 0):
-        step = 1 << k
-        if v < step and v + step < n:
-            dist.isend(out, (v + step + root) % n).wait()
-        elif step <= v < 2 * step:
-            dist.irecv(out, (v - step + root) % n).wait()
-    return out
-
-
 def ring_batch_p2p(x):
     """Uneven chunks; each step is one dist.batch_isend_irecv of a send right and a recv left."""
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -501,6 +531,6 @@ def bandwidths_tensor(numel, dtype, seconds, n):
 CORRECT = {
     "rs_ag": [rs_ag_padded, rs_ag_tensor_api],
     "ring": [ring_isend_irecv, ring_even_odd_blocking, ring_batch_p2p],
-    "tree": [tree_binary_heap, tree_binomial_isend, tree_into_clone],
+    "tree": [tree_binary_heap, tree_into_clone],
     "bandwidths": [bandwidths, bandwidths_tensor],
 }

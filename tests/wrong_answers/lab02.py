@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from parlab.data import get_batch
 from parlab.launch import device
 from parlab.models import lm_loss
+from wrong_answers import says
 
 # ------------------------------------------------ 1a. broadcast_parameters
 
@@ -419,6 +420,15 @@ def ddp_hand_rolled(model):
     return _HandRolled(model)
 
 
+def ddp_wraps_a_copy(model):
+    """Wraps a copy: DDP broadcasts into the copy, and the model the caller steps gets no gradient."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(copy.deepcopy(model))
+
+
 # ------------------------------------------------ 6. train_data_parallel
 
 
@@ -426,19 +436,27 @@ def _on_device(batch):
     return tuple(t.to(device()) for t in batch)
 
 
-def train_without_broadcast(model, optimizer, steps, batch_size, seq_len, seed):
-    """Shards and averages, but never broadcasts the initial weights."""
+def _train(model, optimizer, steps, batch_size, seq_len, seed, broadcast=True, block=None):
+    """Data-parallel training: broadcast (or not), each rank on its block (or on ``block``'s), averaged."""
     from parlab.data import get_batch, shard_batch
 
+    if broadcast:
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
     r, n = dist.get_rank(), dist.get_world_size()
     for step in range(steps):
-        x, y = _on_device(shard_batch(get_batch(step, batch_size, seq_len, seed), r, n))
+        x, y = _on_device(shard_batch(get_batch(step, batch_size, seq_len, seed), r if block is None else block, n))
         optimizer.zero_grad()
         lm_loss(model, x, y).backward()
         for p in model.parameters():
             if p.grad is not None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG)
         optimizer.step()
+
+
+def train_without_broadcast(model, optimizer, steps, batch_size, seq_len, seed):
+    """Shards and averages, but never broadcasts the initial weights."""
+    _train(model, optimizer, steps, batch_size, seq_len, seed, broadcast=False)
 
 
 def train_whole_batch_no_sync(model, optimizer, steps, batch_size, seq_len, seed):
@@ -472,6 +490,11 @@ def train_with_torch_ddp(model, optimizer, steps, batch_size, seq_len, seed):
         optimizer.zero_grad()
         lm_loss(ddp, x, y).backward()
         optimizer.step()
+
+
+def train_rank0_block_everywhere(model, optimizer, steps, batch_size, seq_len, seed):
+    """Broadcasts and averages right, but every rank trains on rank 0's block of the batch."""
+    _train(model, optimizer, steps, batch_size, seq_len, seed, block=0)
 
 
 def train_never_steps(model, optimizer, steps, batch_size, seq_len, seed):
@@ -748,7 +771,7 @@ WRONG = {
               (accum_syncs_before_last_backward, "before the last micro-batch's backward"),
               (accum_one_backward, "one backward over the summed losses"),
               (accum_allreduces_itself, "never called sync(model)"),
-              (accum_logs_mean_loss, "called dist.all_reduce itself")],
+              (accum_logs_mean_loss, ("called dist.all_reduce of", "itself"))],
     "bucketed": [(BucketsSum, "summed, not averaged"),
                  (BucketsNeverWaited, "never waited on"),
                  (BucketsNoReset, "reset your bucket state"),
@@ -765,11 +788,14 @@ WRONG = {
             (ddp_without_init_sync, "must be broadcast first"),
             (ddp_device_ids_zero, "device_ids names the GPU a module lives on; leave it out"),
             (ddp_returns_none, "not a module"),
-            (ddp_hand_rolled, "never built a torch DistributedDataParallel")],
+            (ddp_hand_rolled, "never built a torch DistributedDataParallel"),
+            (ddp_wraps_a_copy, says("have no gradient (None)", never="broadcast"))],
     "train": [(train_without_broadcast, "must be broadcast first"),
               (train_whole_batch_no_sync, "saw 8 rows of the global batch of 8; its share is 4 rows"),
               (train_with_torch_ddp, "it wrapped the model in torch's DistributedDataParallel"),
-              (train_never_steps, "took 0 optimizer steps, expected 3")],
+              (train_never_steps, "took 0 optimizer steps, expected 3"),
+              (train_rank0_block_everywhere, says("the broadcast and the averaging are not what differs",
+                                                  never="must be broadcast first"))],
 }
 
 WRONG_HIDDEN = {

@@ -18,6 +18,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from wrong_answers import says
+
 
 # ------------------------------------------------ shared pieces (correct), used by the wrong layers
 class _F(torch.autograd.Function):
@@ -46,15 +48,15 @@ class _G(torch.autograd.Function):
         return grad, None
 
 
-def _shard(total, what):
-    n = dist.get_world_size()
+def _shard(total, what, group=None):
+    n = dist.get_world_size(group)
     if total % n:
         raise ValueError(f"{what} {total} is not divisible by {n} ranks")
-    return total // n, dist.get_rank()
+    return total // n, dist.get_rank(group)
 
 
-def _column_params(module, linear, dim=0):
-    size, r = _shard(linear.weight.shape[dim], "features")
+def _column_params(module, linear, dim=0, group=None):
+    size, r = _shard(linear.weight.shape[dim], "features", group)
     module.weight = nn.Parameter(linear.weight.detach().narrow(dim, r * size, size).clone())
     module.bias = None
     if linear.bias is not None:
@@ -62,23 +64,23 @@ def _column_params(module, linear, dim=0):
                                    if dim == 0 else linear.bias.detach().clone())
 
 
-def _gather_last(y):
+def _gather_last(y, group=None):
     """All-gather along the last dim; the gradient flows back through this rank's own part."""
-    parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, y.contiguous())
-    parts[dist.get_rank()] = y
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, y.contiguous(), group=group)
+    parts[dist.get_rank(group)] = y
     return torch.cat(parts, -1)
 
 
 class _Col(nn.Module):
     def __init__(self, linear, *, gather_output=False, group=None):
         super().__init__()
-        _column_params(self, linear)
-        self.gather_output = gather_output
+        _column_params(self, linear, group=group)
+        self.gather_output, self.group = gather_output, group
 
     def forward(self, x):
-        y = F.linear(_F.apply(x), self.weight, self.bias)
-        return _gather_last(y) if self.gather_output else y
+        y = F.linear(_F.apply(x, self.group), self.weight, self.bias)
+        return _gather_last(y, self.group) if self.gather_output else y
 
 
 class _Row(nn.Module):
@@ -91,10 +93,10 @@ class _Row(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def _attention(q, k, v, head_dim):
+def _attention(q, k, v, head_dim, causal=True, scale=None):
     B, T, _ = q.shape
     q, k, v = (t.view(B, T, -1, head_dim).transpose(1, 2) for t in (q, k, v))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(1, 2).reshape(B, T, -1)
 
 
 # ------------------------------------------------ 1. f and g
@@ -181,11 +183,12 @@ class column_splits_in_features(nn.Module):
 
     def __init__(self, linear, *, gather_output=False, group=None):
         super().__init__()
-        _column_params(self, linear, dim=1)
+        _column_params(self, linear, dim=1, group=group)
+        self.group = group
 
     def forward(self, x):
-        n, r = dist.get_world_size(), dist.get_rank()
-        return F.linear(_F.apply(x).chunk(n, -1)[r], self.weight, self.bias)
+        n, r = dist.get_world_size(self.group), dist.get_rank(self.group)
+        return F.linear(_F.apply(x, self.group).chunk(n, -1)[r], self.weight, self.bias)
 
 
 class column_shard_is_a_view(_Col):
@@ -193,7 +196,7 @@ class column_shard_is_a_view(_Col):
 
     def __init__(self, linear, *, gather_output=False, group=None):
         super().__init__(linear, gather_output=gather_output, group=group)
-        size, r = _shard(linear.out_features, "out_features")
+        size, r = _shard(linear.out_features, "out_features", group)
         self.weight = nn.Parameter(linear.weight.detach()[r * size:(r + 1) * size].contiguous())
 
 
@@ -202,37 +205,37 @@ class column_unequal_shards(_Col):
 
     def __init__(self, linear, *, gather_output=False, group=None):
         nn.Module.__init__(self)
-        n, r = dist.get_world_size(), dist.get_rank()
+        n, r = dist.get_world_size(group), dist.get_rank(group)
         self.weight = nn.Parameter(linear.weight.detach().tensor_split(n)[r].clone())
         self.bias = (nn.Parameter(linear.bias.detach().tensor_split(n)[r].clone())
                      if linear.bias is not None else None)
-        self.gather_output = gather_output
+        self.gather_output, self.group = gather_output, group
 
 
 class column_gathers_weight(_Col):
     """All-gathers the full weight in forward and slices the output: right numbers, full weight."""
 
     def forward(self, x):
-        n, r = dist.get_world_size(), dist.get_rank()
+        n, r = dist.get_world_size(self.group), dist.get_rank(self.group)
         parts = [torch.empty_like(self.weight) for _ in range(n)]
-        dist.all_gather(parts, self.weight.detach().contiguous())
+        dist.all_gather(parts, self.weight.detach().contiguous(), group=self.group)
         parts[r] = self.weight
         bias = None
         if self.bias is not None:
             bparts = [torch.empty_like(self.bias) for _ in range(n)]
-            dist.all_gather(bparts, self.bias.detach().contiguous())
+            dist.all_gather(bparts, self.bias.detach().contiguous(), group=self.group)
             bparts[r] = self.bias
             bias = torch.cat(bparts)
         if self.gather_output:  # the full weight: x's gradient is complete
             return F.linear(x, torch.cat(parts), bias)
-        return F.linear(_F.apply(x), torch.cat(parts), bias).chunk(n, -1)[r]
+        return F.linear(_F.apply(x, self.group), torch.cat(parts), bias).chunk(n, -1)[r]
 
 
 class column_keeps_full_weight(_Col):
     """Keeps the full layer as a submodule next to its shard."""
 
     def __init__(self, linear, *, gather_output=False, group=None):
-        super().__init__(linear, gather_output=gather_output)
+        super().__init__(linear, gather_output=gather_output, group=group)
         self.full = linear
 
 
@@ -375,6 +378,24 @@ class attn_f_per_projection(_Attn):
 
     def forward(self, x):
         return self.o(_attention(self.q(x), self.k(x), self.v(x), self.head_dim))
+
+
+class attn_no_causal_mask(_Attn):
+    """Heads split right, but attention without the causal mask."""
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, m.weight, m.bias) for m in (self.q, self.k, self.v)]
+        return self.o(_attention(*qkv, self.head_dim, causal=False))
+
+
+class attn_scaled_by_d_model(_Attn):
+    """Heads split right, but the scores scaled by 1/sqrt(d_model) instead of 1/sqrt(head_dim)."""
+
+    def forward(self, x):
+        x = _F.apply(x)
+        qkv = [F.linear(x, m.weight, m.bias) for m in (self.q, self.k, self.v)]
+        return self.o(_attention(*qkv, self.head_dim, scale=x.size(-1) ** -0.5))
 
 
 class attn_keeps_full(_Attn):
@@ -635,7 +656,24 @@ class column_tensor_api(nn.Module):
         y = x @ self.weight.t()
         if self.bias is not None:
             y = y + self.bias
-        return _GatherLast.apply(y, self.group) if self.gather_output else y
+        return self.gather.apply(y, self.group) if self.gather_output else y
+
+    gather = _GatherLast  # the autograd Function that gathers the output
+
+
+class _GatherLastGlobalRank(_GatherLast):
+    @staticmethod
+    def backward(ctx, grad):
+        n, r = dist.get_world_size(ctx.group), dist.get_rank()  # the global rank, not the group's
+        size = grad.shape[-1] // n
+        return grad[..., r * size:(r + 1) * size], None
+
+
+class column_gather_backward_global_rank(column_tensor_api):
+    """gather_output's backward slices the gradient at the global rank: right on the whole world,
+    an empty slice on ranks 2 and 3 of a group of 2."""
+
+    gather = _GatherLastGlobalRank
 
 
 class column_plain_words(column_tensor_api):
@@ -813,7 +851,9 @@ WRONG = {
             (mlp_bias_on_every_rank, "Add the bias once"), (mlp_keeps_full, "the full layer has")],
     "attn": [(attn_heads_not_reshaped, "Reshape each shard"), (attn_slices_every_head, "do not reassemble"),
              (attn_unequal_heads, "names both numbers"),
-             (attn_f_per_projection, "one all-reduce in each"), (attn_keeps_full, "the full layer has")],
+             (attn_f_per_projection, "one all-reduce in each"), (attn_keeps_full, "the full layer has"),
+             (attn_no_causal_mask, says("not causal", never=("Reshape each shard", "scaled"))),
+             (attn_scaled_by_d_model, says("scaled by 1/√d_model", never=("Reshape each shard", "not causal")))],
     "sp": [(sp_without_gather, "attention ran without the other positions"),
            (sp_all_reduce_then_slice, "called dist.all_reduce"),
            (sp_gathers_q_k_v_apart, "once for q, k and v together"),
@@ -821,4 +861,10 @@ WRONG = {
     "bytes": [(bytes_forward_only, "count backward"), (bytes_no_ring_factor, "(t − 1)/t"),
               (bytes_in_bits, "bits"), (bytes_elements, "bytes_per_element"),
               (bytes_from_cost, "parlab.cost.tp_comm_elems_per_layer")],
+}
+
+#: Crash some ranks only (2 and 3, on the groups of 2): graded alone, so that they stop no other
+#: answer's launch.
+ALONE = {
+    "column": [(column_gather_backward_global_rank, ("invalid gradient", "dist.get_rank(group)"))],
 }

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import parlab
+from wrong_answers import says
 
 
 # ------------------------------------------------ building blocks the answers share
@@ -41,7 +42,7 @@ def _forward_mb(stage, x, y, shape, m, losses, send, divide=True):
     if stage.is_last:
         loss = stage.loss(out, y)
         losses.append(loss.detach())
-        return inp, (loss / m if divide else loss)
+        return inp, (loss / dist.get_world_size() if divide == "p" else loss / m if divide else loss)
     send(out.detach(), dist.get_rank() + 1)
     return inp, out
 
@@ -177,6 +178,13 @@ def single_batch_p2p(stage, x, y, shape):
 
 
 # ------------------------------------------------ 1. one micro-batch: wrong
+def single_zeroes_first(stage, x, y, shape):
+    """Zeroes the stage's gradients itself before its pass: the right numbers (the caller zeroed
+    them already), against the stated rule."""
+    stage.zero_grad()
+    return single_isend_irecv(stage, x, y, shape)
+
+
 def single_sends_loss_back(stage, x, y, shape):
     """Right, then the last stage also sends its loss back to stage 0 "so rank 0 can print it"."""
     out = _gpipe(stage, [(x, y)], shape, share_loss="to_first")
@@ -238,6 +246,12 @@ def gpipe_reverse_backward(stage, micro_batches, shape):
 def gpipe_loss_not_divided(stage, micro_batches, shape):
     """Backward on each micro-batch's mean loss, never divided by m."""
     return _gpipe(stage, micro_batches, shape, divide=False)
+
+
+def gpipe_divides_by_stages(stage, micro_batches, shape):
+    """Divides each micro-batch's loss by p (the stages), not m: right when m = p, 1/2 at m = 2, p = 4,
+    which is also what dividing by m twice gives: no cause can be named from these cases."""
+    return _gpipe(stage, micro_batches, shape, divide="p")
 
 
 def gpipe_zero_grad_between(stage, micro_batches, shape):
@@ -523,12 +537,28 @@ CORRECT = {
     "prediction": [predict_with_min],
 }
 
+def gpipe_zeroes_first(stage, micro_batches, shape):
+    """Right numbers, but zeroes the gradients through an optimizer of its own first: the caller's job."""
+    torch.optim.SGD(stage.parameters(), lr=0.0).zero_grad()
+    return gpipe_blocking(stage, micro_batches, shape)
+
+
+def ofob_zeroes_first(stage, micro_batches, shape):
+    """Right numbers, but zeroes the stage's gradients first (stage.zero_grad): the caller's job."""
+    stage.zero_grad(set_to_none=True)
+    return ofob_isend(stage, micro_batches, shape)
+
+
 WRONG = {
     "single": [(single_sends_loss_back, "(the loss?)"),
                (single_broadcasts_loss, "called dist.broadcast"),
                (single_sends_received_grad, "gradient of the next stage's INPUT"),
-               (single_first_stage_skips_backward, "have no gradient (None)")],
+               (single_first_stage_skips_backward, "have no gradient (None)"),
+               (single_zeroes_first, ("called GPTStage.zero_grad()", "the caller zeroes the gradients"))],
     "gpipe": [(gpipe_loss_not_divided, "Divide each micro-batch's loss by m"),
+              (gpipe_zeroes_first, ("called SGD.zero_grad()", "the caller zeroes the gradients")),
+              (gpipe_divides_by_stages, says("every gradient is 1/2 of the single-process reference",
+                                             never=("divided by m twice", "number of stages"), differs=True)),
               (gpipe_zero_grad_between, "only the LAST micro-batch's"),
               (gpipe_returns_sum, "SUM of the"),
               (gpipe_one_backward, "call backward once per micro-batch"),
@@ -536,6 +566,7 @@ WRONG = {
               (gpipe_is_1f1b, "forwards before its first backward"),
               (gpipe_barrier_between_phases, "called dist.barrier")],
     "1f1b": [(ofob_all_forward_first, "forwards before its first backward"),
+             (ofob_zeroes_first, ("called GPTStage.zero_grad()", "the caller zeroes the gradients")),
              (ofob_warmup_p_minus_r, "warm-up forwards"),
              (ofob_warmup_same_everywhere, "warm-up forwards"),
              (ofob_retain_graph, "retain_graph"),

@@ -119,6 +119,25 @@ class zero1_never_writes_back(_Flat):
         pass
 
 
+class zero1_new_optimizer_each_step(_Flat):
+    """Builds a new optimizer for its shard at every step: the momentum and variance start over."""
+
+    def __init__(self, params, make_optimizer):
+        super().__init__(params, make_optimizer)
+        self.make = make_optimizer
+
+    def step(self):
+        self.opt = self.make(self.optimized())
+        super().step()
+
+
+class zero1_no_reduce(_Flat):
+    """Steps its shard with its own gradient's slice: never reduce-scatters over the ranks."""
+
+    def scatter_grads(self):
+        return self.grads()[self.rank * self.chunk:(self.rank + 1) * self.chunk].clone()
+
+
 class zero1_summed(_Flat):
     """Reduce-scatters the gradients but never divides by world_size."""
 
@@ -385,6 +404,13 @@ def memory_stage1_shards_grads(n_params, n, stage):
     """Stage 1 shards the gradients as well (that is stage 2)."""
     w, g, o = 2 * n_params, 2 * n_params, 12 * n_params
     return [w + g + o, w + (g + o) / n, w + (g + o) / n, (w + g + o) / n][stage]
+
+
+def comm_ring_factor_inverted(n_params, n, stage, bytes_per_elem):
+    """The ring factor written upside down: N/(N - 1) instead of (N - 1)/N (N = 1 sends nothing)."""
+    if n == 1:
+        return 0
+    return (3 if stage == 3 else 2) * n / (n - 1) * n_params * bytes_per_elem
 
 
 def comm_asymptote(n_params, n, stage, bytes_per_elem):
@@ -674,12 +700,15 @@ CORRECT = {
 WRONG = {
     "memory": [(memory_no_master, "master"), (memory_stage1_shards_grads, "stage 2's"),
                (memory_from_cost, "parlab.cost.zero_memory_per_gpu")],
-    "comm": [(comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice"),
+    "comm": [(comm_ring_factor_inverted, ("When n doubles, your answer grows", "the factor that is wrong is the ring factor (N − 1)/N")),
+             (comm_asymptote, "large-N limit"), (comm_stage3_like_dp, "gathers the weights twice"),
              (comm_zero1_all_reduce, "as Exercise 3's ZeRO1 runs it"),
              (comm_from_cost, "parlab.cost.zero_comm_elems")],
     "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
               (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged"),
               (zero1_never_writes_back, "never written back"),
+              (zero1_new_optimizer_each_step, ("before forward 2", "optimizer state (momentum")),
+              (zero1_no_reduce, ("the rank whose shard holds it", "never reduced over the ranks")),
               (zero1_crashes_on_frozen, "shard only the parameters with p.requires_grad"),
               (zero1_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
               (zero1_writes_every_param, "never write into the frozen ones")],

@@ -205,9 +205,14 @@ def coords_divmod(rank, pp, dp, tp):
 
 
 def coords_arange(rank, pp, dp, tp):
-    """Looks the rank up in torch.arange(world).view(pp, dp, tp); returns a list of ints."""
+    """Looks the rank up in torch.arange(world).view(pp, dp, tp)."""
     where = (torch.arange(pp * dp * tp).view(pp, dp, tp) == rank).nonzero()[0]
-    return [int(x) for x in where]
+    return tuple(int(x) for x in where)
+
+
+def coords_as_list(rank, pp, dp, tp):
+    """The right numbers as a list: the notebook asks for the tuple (p, d, t)."""
+    return list(coords_arange(rank, pp, dp, tp))
 
 
 def rank_of_horner(p, d, t, pp, dp, tp):
@@ -315,7 +320,8 @@ ALONE = {"axis": [(axis_own_group_only, "even for the groups it is not in")]}
 
 WRONG = {
     "coords": [(coords_tp_outermost, "TP outermost"), (coords_dp_innermost, "d fastest"),
-               (coords_off_by_one, "expected"), (coords_list_of_floats, "tuple of three ints")],
+               (coords_off_by_one, "expected"), (coords_list_of_floats, "tuple of three ints"),
+               (coords_as_list, ("returned the list [0, 0, 0]", "the tuple (0, 0, 0)"))],
     "rank_of": [(rank_of_not_inverse, "must undo coords"), (rank_of_off_by_one, "expected 2"),
                 (rank_of_returns_tuple, "one int")],
     "groups": [(groups_tp_outermost, "would cross"), (groups_axes_swapped, "groups along 'dp'"),

@@ -9,18 +9,20 @@ tests/unit/test_lab06_planner.py grades them all in one batch.
 import itertools
 from dataclasses import replace
 
-from parlab import cost, planner
+from parlab import cost, planner, planner_frameworks
 from parlab.planner import Plan
+from wrong_answers import says
 
 
 # ------------------------------------------------------------ memory_per_gpu
-def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None, working=True, tie=True):
+def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None, working=True, tie=True,
+           tied_once=False):
     layers = planner.stage_layers(plan, model)
     n = layers[r]
     params = n * model.layer_params
     if r == 0:
         params += model.vocab * model.hidden
-    if r == plan.pp - 1 and (not (model.tied and tie) or plan.pp > 1):
+    if r == plan.pp - 1 and (not (model.tied and tie) or plan.pp > 1 and not tied_once):
         params += model.vocab * model.hidden
     states = cost.model_state_bytes(params / plan.tp, plan.dp * plan.cp, plan.zero,
                                     precision or plan.precision)
@@ -29,6 +31,7 @@ def _stage(plan, model, r, held=None, logits=True, tp_acts=None, precision=None,
         return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
                                                model.heads, t=plan.tp if tp_acts is None else tp_acts,
                                                sp=plan.sp, recompute=mode, scores=model.scores,
+                                               sp_gathered=planner_frameworks.sp_keeps_gathered(plan),
                                                **model.shape)
     if held is None:
         held = (cost.activations_held(plan.pp, plan.accum, "interleaved", rank=r, v=plan.v) if plan.v > 1
@@ -64,6 +67,8 @@ def memory_by_hand(plan, model):
     unsplit = 8 + (2 if model.dropout else 0)  # norm inputs, attention and MLP inputs, dropout masks
     scores = s * b * h * (5 if model.dropout else 2) * model.heads * s / h / t if model.scores else 0.0
     nothing_kept = s * b * h * ((unsplit + split) / t if plan.sp else unsplit + split / t) + scores
+    if planner_frameworks.sp_keeps_gathered(plan):  # torchtitan's SP keeps attention's and the MLP's inputs whole
+        nothing_kept += 4 * s * b * h * (1 - 1 / t)
     if plan.recompute == "full":
         layer, working = 2 * s * b * h / (t if plan.sp else 1), nothing_kept
     elif plan.recompute == "selective":  # the scores recomputed: one layer's of them at a time
@@ -94,7 +99,7 @@ def memory_no_activations(plan, model):
 def memory_no_optimizer(plan, model):
     r = max(range(plan.pp), key=lambda r: _stage(plan, model, r))
     params = planner.stage_layers(plan, model)[r] * model.layer_params + model.vocab * model.hidden * (
-        (r == 0) + (r == plan.pp - 1))
+        (r == 0) + (r == plan.pp - 1 and (not model.tied or plan.pp > 1)))
     return memory(plan, model) - 12 * params / plan.tp / (plan.dp * plan.cp if plan.zero else 1)
 
 
@@ -121,6 +126,24 @@ def memory_zero16_always(plan, model):
 def memory_output_layer_untied(plan, model):
     """Counts the output layer on its own even when it is the (tied) embedding on one stage."""
     return max(_stage(plan, model, r, tie=False) for r in range(plan.pp))
+
+
+def memory_activations_one_sequence(plan, model):
+    """Activations of one sequence per micro-batch: micro_batch left out of activation_bytes_per_layer
+    (the logits keep it)."""
+    one = replace(plan, micro_batch=1)
+    logits = 4 * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
+    return max(_stage(one, model, r, logits=False) + (logits if r == plan.pp - 1 else 0) for r in range(plan.pp))
+
+
+def memory_tied_counted_once(plan, model):
+    """A tied model's embedding counted once, on the first stage, even when pp > 1 gives the last
+    stage its own copy."""
+    return max(_stage(plan, model, r, tied_once=True) for r in range(plan.pp))
+
+
+def choose_ignores_logits(work):
+    return _search(work, mem=memory_no_logits)
 
 
 def memory_selective_no_working_set(plan, model):
@@ -296,13 +319,19 @@ WRONG = {
                (memory_in_gb, "not GB"),
                (memory_ignores_zero, "That is ZeRO-0's model-state memory"),
                (memory_output_layer_untied, "model.tied"),
+               (memory_tied_counted_once, says("the last stage keeps its own copy", never="so a single stage")),
+               (memory_activations_one_sequence, ("Doubling model.seq and plan.micro_batch",
+                                                  "the term that is wrong is the activations")),
                (memory_selective_no_working_set, "Under selective recomputation"),
                (memory_calls_the_reference, "planner.memory_per_gpu")],
     "choose": [(choose_ignores_activations, "Without the activations"),
                (choose_ignores_optimizer, "Without the optimizer states"),
                (choose_tp_across_nodes, "inside a node"),
                (choose_never_checks_memory, "over the 72 GB"),
-               (choose_ignores_headroom, "a plan may use only 90%"),
+               # its plan fits without the activations, or the optimizer states, or in all of the HBM:
+               # the one case it fails cannot tell these apart
+               (choose_ignores_headroom, says("Leaving out any one of", "comparing with all of the HBM",
+                                              never=("Without the", "It fits in the"), differs=True)),
                (choose_no_recompute, 'recompute="full"'),
                (choose_no_context_parallel, "cp="),
                (choose_rounds_accum_down, "fewer than the global batch"),

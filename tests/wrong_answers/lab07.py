@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from parlab.models.moe import route
+from wrong_answers import says
 
 
 # ------------------------------------------------ ring attention, with one knob per mistake
@@ -44,12 +45,13 @@ def _scores(q, k, qpos, kpos, causal, mask, scale):
     return s.masked_fill(hide, float("-inf"))
 
 
-def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False, way=1, scaled=True):
+def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False, way=1, scaled=True,
+          power=0.5):
     class Ring(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, positions, causal):
             rank, n = dist.get_rank(), dist.get_world_size()
-            scale = q.shape[-1] ** -0.5 if scaled else 1.0
+            scale = q.shape[-1] ** -power if scaled else 1.0
             if in_place:
                 q.mul_(scale)
                 scale_q = 1.0
@@ -189,6 +191,11 @@ def ring_compute_then_send(q, k, v, positions, causal=False):
 def ring_unscaled(q, k, v, positions, causal=False):
     """The scores q·kᵀ left without the 1/√D scale."""
     return _ring(scaled=False)(q, k, v, positions, causal)
+
+
+def ring_scaled_by_d(q, k, v, positions, causal=False):
+    """The scores scaled by 1/D instead of 1/sqrt(D), in forward and backward."""
+    return _ring(power=1.0)(q, k, v, positions, causal)
 
 
 def ring_runs_backwards(q, k, v, positions, causal=False):
@@ -547,22 +554,38 @@ class ExpertParallelOwnRouter(ExpertParallelScatter):
         self.router = moe.router
 
 
+class ExpertParallelRouterAveraged(ExpertParallelScatter):
+    """Averages the router's gradient over the ranks from a hook in backward: each rank then holds
+    the mean, whose sum over the ranks is the reference's. An all-reduce, but not of the tokens."""
+
+    def __init__(self, moe, group=None):
+        super().__init__(moe, group)
+        for p in self.router.parameters():
+            p.register_hook(self._average)
+
+    def _average(self, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=self.group)
+        return grad / self.n
+
+
 CORRECT = {"ring": [ring_batched], "zigzag": [zigzag_by_index],
-           "experts": [ExpertParallelScatter, ExpertParallelOwnRouter]}
+           "experts": [ExpertParallelScatter, ExpertParallelOwnRouter, ExpertParallelRouterAveraged]}
 
 #: Graded alone, with a short timeout: a hang would stop every answer sharing its launch.
 ALONE = {"ring": [(ring_send_send_deadlock, ("did not finish", "blocking dist.send"))]}
 
 WRONG = {
     "ring": [
-        (ring_no_rescale, "rescaling"),
+        (ring_no_rescale, says("rescaling", never="scale 1/√D")),
         (ring_mask_future_chunks, "causal mask is wrong"),
         (ring_mask_every_block_local, "causal mask is wrong"),
         (ring_dkdv_stay_home, "travel around the ring"),
         (ring_all_gather, "point-to-point messages only"),
         (ring_compute_then_send, "computed attention before posting any send"),
         (ring_scales_q_in_place, "in place"),
-        (ring_unscaled, "softmax scale 1/√D"),
+        (ring_unscaled, says("softmax scale 1/√D", never="rescaling")),
+        (ring_scaled_by_d, says("scaled by 1/D", never=("rescaling", "causal mask is wrong"))),
         (ring_runs_backwards, "sending only to its next neighbour, rank (r + 1) mod c"),
     ],
     "zigzag": [

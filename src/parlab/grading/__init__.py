@@ -14,10 +14,13 @@ function with a reference that does not give the exercise away (a
 raises ``AssertionError`` with a message in the student's terms.  nbgrader
 marks a test cell that raises as failed.
 
-``numbers`` holds what every numeric check shares: ``assert_number``
-compares a returned number with the expected one and, when the answer
-matches a known wrong answer (bits instead of bytes, GB instead of bytes, a
-forgotten factor), says which mistake it was.  It is re-exported here.
+``diagnosis`` is the one rule every lab's hints follow: a hint names a
+mistake only when the answer's results fit that mistake's signature on every
+case, rank and step the check ran and no other known mistake's; otherwise the
+message says what differs.  ``numbers`` holds what every numeric check
+shares: ``numbers_message`` compares the returned numbers with the expected
+ones and names a known wrong answer (bits instead of bytes, GB instead of
+bytes, a forgotten factor) by that rule; ``assert_number`` is re-exported here.
 ``harness`` declares exercises and grades them; ``spy`` records how an
 answer did its work and ``records`` reads that record; ``plain`` turns what
 leaves a rank into plain data; ``predictions`` declares the "predict a

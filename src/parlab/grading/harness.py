@@ -18,8 +18,11 @@ How one answer is graded:
    classification (``parlab.launch.failures.classify``): a hang, a rank that
    died, a mismatched message, an exception in the student's code.
 3. Otherwise ``exercise.grade(graded)`` compares the values with a
-   single-process reference and returns a message naming the mistake.
-4. If the values are right, each ``Rule`` is judged on the spy's records:
+   single-process reference and returns a message: it names a mistake only
+   as ``parlab.grading.diagnosis`` allows (the evidence of every case, rank
+   and step fits that mistake and no other), and otherwise says what differs.
+4. If the values are right, each ``Rule`` is judged on the spy's records
+   (its message names the call, ``parlab.grading.records.describe``):
    right numbers reached the wrong way (``dist.all_reduce`` inside a "ring",
    an input overwritten, one backward pass instead of one per micro-batch)
    still fail, with the notebook's own words quoted.

@@ -8,7 +8,8 @@ case as plain data::
                   "async": False,          # async_op=True, or isend/irecv
                   "in_backward": False,    # made during a backward pass
                   "waited": False,         # its work was waited on (or its future taken)
-                  "waited_in_backward": False}, ...],        # in call order
+                  "waited_in_backward": False,
+                  "group_size": 2}, ...],  # only when group= was passed: its ranks; in call order
      "events":  [{"event": "step",         # what the grader's code noted (``spy.note``)
                   "backward": 2,           # backward passes begun before it
                   "calls": 5,              # dist calls made before it
@@ -24,7 +25,7 @@ a piece is a dict ``{"events": [...], "calls": [...], "backward": int}``.
 """
 from __future__ import annotations
 
-__all__ = ["calls", "ops", "used", "events", "event", "between", "steps"]
+__all__ = ["calls", "ops", "used", "events", "event", "between", "steps", "describe", "first"]
 
 
 def calls(record: dict, *ops: str, backward: bool | None = None) -> list[dict]:
@@ -48,11 +49,30 @@ def used(record: dict, *names: str) -> list[str]:
     return seen
 
 
+def first(record: dict, *ops: str) -> dict | None:
+    """The record's first call of one of ``ops``, or None."""
+    return next((c for c in record["calls"] if c["op"] in ops), None)
+
+
 def call_name(record: dict, op: str) -> str:
     """How the record's first ``op`` call was made, for a message: "dist.all_reduce", or, for one
     that reached the backend another way, "ProcessGroup.allreduce (what dist.all_reduce runs)"."""
     via = next((c.get("via") for c in record["calls"] if c["op"] == op and c.get("via")), None)
     return f"{via} (what dist.{op} runs)" if via else f"dist.{op}"
+
+
+def describe(record: dict, call: dict) -> str:
+    """One of the record's calls as a rule's message names it: how it was made, its size and dtype,
+    its peer or group when it has one, whether it ran during a backward pass, and where it came in
+    the answer's sequence: "dist.all_reduce of 24 float32 elements during backward (call 3 of 5)"."""
+    k = next((i for i, c in enumerate(record["calls"]) if c is call), -1) + 1
+    how = f"{call['via']} (what dist.{call['op']} runs)" if call.get("via") else f"dist.{call['op']}"
+    size = f" of {call['numel']} {call['dtype']} elements" if call.get("dtype") else ""
+    peer = f" with rank {call['peer']}" if call.get("peer") is not None else ""
+    group = f" on a group of {call['group_size']} ranks" if call.get("group_size") else ""
+    when = " during backward" if call.get("in_backward") else ""
+    place = f" (call {k} of {len(record['calls'])})" if k else ""
+    return f"{how}{size}{peer}{group}{when}{place}"
 
 
 def events(record: dict, kind: str | None = None, backward: bool | None = None) -> list[dict]:

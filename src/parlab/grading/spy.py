@@ -154,6 +154,14 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
     return None
 
 
+def _group_size(group) -> int | None:
+    """The number of ranks in a ``group=`` argument, or None when it cannot be read."""
+    try:
+        return int(dist.get_world_size(group))
+    except Exception:  # noqa: BLE001 - not a group this rank belongs to, or not a group at all
+        return None
+
+
 def _global_peer(group, group_peer: int) -> int:
     """The global rank of a peer named by its rank in ``group`` (``batch_isend_irecv`` names
     peers as ``group_dst``/``group_src``)."""
@@ -282,8 +290,10 @@ class Spy:
                 peer = kwargs.get(_PEER_ARG[op], args[1] if len(args) > 1 else None)
                 if peer is None and kwargs.get("group_" + _PEER_ARG[op]) is not None:
                     peer = _global_peer(kwargs.get("group"), kwargs["group_" + _PEER_ARG[op]])
+            group = kwargs.get("group")
+            extra = {"group_size": _group_size(group)} if group is not None else {}
             call = spy._call(op, args, kwargs, peer,
-                             bool(kwargs.get("async_op", False)) or op in ("isend", "irecv"))
+                             bool(kwargs.get("async_op", False)) or op in ("isend", "irecv"), **extra)
             return spy._through(call, original, args, kwargs)
         return recorded
 

@@ -6,7 +6,7 @@ sandbox during autograde) and compared with the ``parlab.cost`` formulas
 (sources in each cost function's docstring and in docs/).  Each keeps a table
 of the values the usual mistakes give (bits instead of bytes, GB or GiB
 instead of bytes, a forgotten factor) and names the mistake when the answer
-equals one of them (``numbers.number_message``).
+equals one of them on every case (``numbers.numbers_message``).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from functools import partial
 
 from ... import cost
 from ..harness import Exercise, Graded
-from ..numbers import distinct, number_message
+from ..numbers import distinct, numbers_message
 from ..plain import plain_number
-from .call import Call
+from .call import Call, typed
 
 GB, GIB = 1e9, 2.0**30
 
@@ -30,21 +30,22 @@ def run(answer, case: Call, i: int, spy):
     return plain_number(got)
 
 
-def grade(expect, unit: str, integer: bool, graded: Graded) -> str | None:
-    """Each case's returned number against ``expect(*args) -> (want, mistakes)``."""
+def grade(expect, unit: str, integer: bool, differs, graded: Graded) -> str | None:
+    """Every case's returned number against ``expect(*args) -> (want, mistakes)``: a mistake is
+    named only when it explains every case (``numbers.numbers_message``)."""
+    rows = []
     for i, case in enumerate(graded.cases):
         want, mistakes = expect(*case.args)
-        message = number_message(graded.at(i)[0], want, case.describe(1), mistakes,
-                                 unit=unit, integer=integer)
-        if message:
-            return message
-    return None
+        rows.append((graded.at(i)[0], want, case.describe(1), mistakes))
+    return numbers_message(rows, unit=unit, integer=integer,
+                           differs=differs and (lambda got, want, i: differs(got, *graded.cases[i].args)))
 
 
 def formula(name: str, expect, unit: str, visible: list, hidden: list,
-            integer: bool = False) -> Exercise:
+            integer: bool = False, differs=None) -> Exercise:
+    """``differs(got, *args)`` says what differs when no single mistake explains the answer."""
     return Exercise(key=f"lab00.{name}", answer=name, run=run,
-                    grade=partial(grade, expect, unit, integer),
+                    grade=partial(grade, expect, unit, integer, differs),
                     visible=((1, tuple(Call(name, args) for args in visible)),),
                     hidden=((1, tuple(Call(name, args) for args in hidden)),), solo=True)
 
@@ -67,23 +68,45 @@ def expect_weights(n: float, b: float):
     return want, unit_mistakes(want) + [
         (n * 2, "You ignored bytes_per_param and always used 2 bytes: use the argument."),
         (n * b * 4, "You multiplied by 4 extra: bytes_per_param already is the size of one parameter."),
-    ]
+    ] + ([(n * math.floor(b), f"bytes_per_param is {b:g} here, not a whole number: use it as it is, "
+                              "without rounding it.", "rounded"),
+          (n * math.ceil(b), f"bytes_per_param is {b:g} here, not a whole number: use it as it is, "
+                             "without rounding it.", "rounded")] if b != int(b) else [])
+
+
+STATE_TERMS = ("2 (fp16 weights) + 2 (fp16 gradients) + 4 (fp32 master weights) + 4 (Adam's "
+               "momentum) + 4 (Adam's variance) = 16 bytes per parameter")
 
 
 def expect_state(n: float):
+    """The mistakes that give a whole number of bytes per parameter; two that give the same
+    number (12: the optimizer state alone, or everything but the fp32 master) name neither."""
     want = cost.training_bytes(n).total
     return want, unit_mistakes(want) + [
         (12 * n, "You counted only the optimizer state (12 bytes per parameter); the fp16 weights "
-                 "(2 bytes) and fp16 gradients (2 bytes) are held too."),
+                 "(2 bytes) and fp16 gradients (2 bytes) are held too.", "optimizer only"),
+        (12 * n, "The fp32 master weights (4 bytes) are missing.", "no master"),
         (4 * n, "You counted only the fp16 weights and gradients; Adam also keeps an fp32 master "
-                "copy, momentum and variance (4 + 4 + 4 bytes)."),
-        (2 * n, "That is the weights alone; add gradients and Adam's optimizer state."),
-        (8 * n, "You counted Adam's momentum and variance (4 + 4) but missed something: "
-                "2 (weights) + 2 (grads) + 4 (fp32 master) + 4 + 4 = 16 bytes per parameter."),
-        (14 * n, "You left out one fp16 copy: 2 (weights) + 2 (grads) + 12 (optimizer) = 16."),
-        (18 * n, "You used fp32 gradients (4 bytes); in mixed precision they are fp16 (2 bytes)."),
-        (20 * n, "You counted the fp32 master weights twice: they are part of the 12 optimizer bytes."),
+                "copy, momentum and variance (4 + 4 + 4 bytes).", "weights and grads"),
+        (2 * n, "That is the weights alone; add gradients and Adam's optimizer state.", "weights"),
+        (8 * n, "You counted Adam's momentum and variance alone.", "moments only"),
+        (8 * n, "Adam's momentum and variance (4 + 4) are missing.", "no moments"),
+        (14 * n, "You left out one fp16 copy: 2 (weights) + 2 (grads) + 12 (optimizer) = 16.",
+         "one fp16 copy"),
+        (18 * n, "You used fp32 gradients (4 bytes); in mixed precision they are fp16 (2 bytes).",
+         "fp32 grads"),
+        (18 * n, "You used fp32 weights (4 bytes); the model's own copy is fp16 (2 bytes), the "
+                 "fp32 copy is the master in the optimizer state.", "fp32 weights"),
+        (20 * n, "You counted the fp32 master weights twice: they are part of the 12 optimizer bytes.",
+         "master twice"),
     ]
+
+
+def state_differs(got: float, n: float) -> str:
+    """Bytes per parameter, against the sum of the terms: what differs, naming no term."""
+    if not n:
+        return ""
+    return f"That is {distinct(got / n, 16.0)[0]} bytes per parameter; the training state is {STATE_TERMS}."
 
 
 def exact_gpus(n: float, memory: float, bytes_per_param: int = 16) -> int:
@@ -96,16 +119,26 @@ def expect_gpus(n: float, memory: float):
     needs = f"The state needs {distinct(share, math.floor(share))[0]} GPUs' worth of memory"
     mistakes = [
         (math.floor(share), f"{needs} and you rounded down: a fraction of a GPU still needs a whole "
-                            "GPU, so round up (math.ceil)."),
+                            "GPU, so round up (math.ceil).", "floor"),
         (exact_gpus(n, memory, 2), "You fitted only the weights (2 bytes per parameter); training "
                                    "holds 16 bytes per parameter."),
         (exact_gpus(n, memory, 4), "You fitted weights and gradients only; add Adam's 12 bytes."),
-        (exact_gpus(n, memory, 12), "You fitted only the optimizer state; add weights and gradients."),
+        (exact_gpus(n, memory, 12), "You fitted only the optimizer state; add weights and gradients.",
+         "optimizer only"),
+        (exact_gpus(n, memory, 12), "The fp32 master weights (4 bytes per parameter) are missing.",
+         "no master"),
     ]
     if round(share) != want:
         mistakes.append((round(share), f"{needs} and you rounded to the nearest whole number: "
-                                       "round up (math.ceil)."))
+                                       "round up (math.ceil).", "nearest"))
     return want, mistakes
+
+
+def gpus_differs(got: float, n: float, memory: float) -> str:
+    """The count the state needs, worked out: what differs, naming no term."""
+    share = 16 * n / memory
+    return (f"The training state is 16 bytes per parameter, {typed(16 * n)} bytes: "
+            f"{distinct(share, round(share))[0]} GPUs' worth of memory, rounded up.")
 
 
 def expect_days(n: float, tokens: float, gpus: int, peak: float, util: float):
@@ -116,7 +149,7 @@ def expect_days(n: float, tokens: float, gpus: int, peak: float, util: float):
         (want / 3, "That is 3 times too small: you used 2·N FLOPs per token (forward only); "
                    "training needs 6·N (forward + backward)."),
         (want * util, f"You left out the MFU: GPUs reach only {util:.0%} of their peak, so "
-                      "divide by peak × MFU."),
+                      "divide by peak × MFU.", "no mfu"),
         (want * util**2, "You multiplied by the MFU instead of dividing by it: a lower MFU must "
                          "make training take LONGER."),
         (want * cost.SECONDS_PER_DAY, "That is in seconds: divide by 86 400 for days."),
@@ -125,7 +158,7 @@ def expect_days(n: float, tokens: float, gpus: int, peak: float, util: float):
     ]
     if gpus > 1:
         mistakes.append((want * gpus, f"That is {gpus} times too large: the work is shared by "
-                                      "n_gpus GPUs, so divide by n_gpus."))
+                                      "n_gpus GPUs, so divide by n_gpus.", "one gpu"))
     return want, mistakes
 
 
@@ -133,16 +166,17 @@ def expect_days(n: float, tokens: float, gpus: int, peak: float, util: float):
 H100 = cost.H100_BF16_PEAK
 WEIGHTS = formula("weight_bytes", expect_weights, "bytes",
                   visible=[(70e9, 2), (7e9, 4)],  # 70B in bf16: 140 GB; fp32 is 4 bytes
-                  hidden=[(1.5e9, 1), (405e9, 2), (13e9, 4), (123_456_789, 2), (0, 2)])
+                  # 0.5: 4-bit weights; bytes_per_param need not be whole (the notebook says so)
+                  hidden=[(1.5e9, 1), (405e9, 2), (13e9, 4), (123_456_789, 2), (0, 2), (7e9, 0.5)])
 STATE = formula("training_state_bytes", expect_state, "bytes",
                 visible=[(70e9,)],
-                hidden=[(7.5e9,), (1.7e9,), (1,), (0,)])  # 7.5e9: ZeRO's example, 120 GB
+                hidden=[(7.5e9,), (1.7e9,), (1,), (0,)], differs=state_differs)  # 7.5e9: ZeRO's example, 120 GB
 # (7.5e9, 80e9) needs 1.5 GPUs, so rounding down fails visibly; 6e9 needs 1.2, so
 # rounding to the nearest fails the hidden cases; 141e9 is an H200.
 GPUS = formula("gpus_to_hold_state", expect_gpus, "GPUs",
                visible=[(70e9, 80e9), (7.5e9, 80e9)],
                hidden=[(6e9, 80e9), (3e9, 80e9), (70e9, 141e9), (405e9, 80e9), (1e9, 80e9)],
-               integer=True)
+               integer=True, differs=gpus_differs)
 DAYS = formula("days_to_train", expect_days, "days",
                visible=[(70e9, 15e12, 1024, H100, 0.4)],
                hidden=[(70e9, 15e12, 8, H100, 0.4), (8e9, 15e12, 8, H100, 0.5),

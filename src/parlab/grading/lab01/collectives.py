@@ -20,7 +20,7 @@ import torch
 
 from ... import check
 from ..harness import Graded
-from ..records import call_name, used
+from ..records import describe, first
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ ONLY_P2P_SAYS = "Use only `dist.send`, `dist.recv`, `dist.isend` and `dist.irecv
 def no_builtin(*banned: str):
     def broken(records, case, n):
         for r, rec in enumerate(records):
-            if hits := used(rec, *banned):
-                return f"rank {r} called {call_name(rec, hits[0])}."
+            if hit := first(rec, *banned):
+                return f"rank {r} called {describe(rec, hit)}."
         return None
     return broken
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ...data import microbatches
 from ..harness import Exercise, Rule
-from ..records import events, ops, steps
+from ..records import describe, events, steps
 from .case import FROZEN, TIMEOUT, UNTIED, Case
 from .training import grade_trained, local_batch, none_grad_hint, ranks_differ, setup, step_result
 
@@ -73,8 +73,8 @@ def sync_once_at_end(records, case, n):
 
 def no_own_collectives(records, case, n):
     for r, rec in enumerate(records):
-        if own := ops(rec):
-            return (f"rank {r} called dist.{own[0]} itself "
+        if own := rec["calls"]:
+            return (f"rank {r} called {describe(rec, own[0])} itself "
                     f"({len(own)} calls): sync(model) does the averaging.")
     return None
 

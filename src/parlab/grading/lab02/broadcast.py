@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from ... import check
 from ...launch.runtime import device
+from ..diagnosis import hint
 from ..harness import Exercise, Graded
 from .case import FROZEN, INIT_SEED, TIMEOUT, UNTIED, Case
 
@@ -44,20 +45,27 @@ def grade(g: Graded) -> str | None:
             try:
                 check.assert_params_match(got, inits[0], rank=r)
             except AssertionError as err:
-                same = [s for s in range(g.n) if not check.named_differ(got, inits[s])]
-                if r in same and r:
-                    hint = (f"rank {r} still holds its own initial parameters: nothing reached it "
-                            "(every rank must call dist.broadcast(p.data, src=0) for every parameter).")
-                elif same:
-                    hint = (f"rank {r} holds rank {same[0]}'s initial parameters: the broadcast came "
-                            f"from rank {same[0]}, but the source must be rank 0 (src=0).")
-                elif all(not check.named_differ(out, g.at(i)[0]) for out in g.at(i)):
-                    hint = ("all ranks agree, but not with rank 0's initial values: averaged "
-                            "(all_reduce) instead of copying rank 0's parameters (broadcast)?")
-                else:
-                    hint = "copy rank 0's values into every parameter, in place."
-                return f"{g.name} is wrong for {case.describe(g.n)}.\n{err}\nHint: {hint}"
+                return f"{g.name} is wrong for {case.describe(g.n)}.\n{err}" + hint(_why(g, i, r, inits))
     return None
+
+
+def _why(g: Graded, i: int, r: int, inits: list) -> str:
+    """Whose values rank ``r`` holds, when the evidence says: its own, another rank's, the average."""
+    got = g.at(i)[r]
+    same = [s for s in range(g.n) if not check.named_differ(got, inits[s])]
+    if 0 in same:  # rank 0's values, yet not a match: the names or shapes differ (the message says how)
+        return ""
+    if r in same:
+        return (f"rank {r} still holds its own initial parameters: nothing reached it "
+                "(every rank must call dist.broadcast(p.data, src=0) for every parameter).")
+    if same:
+        return (f"rank {r} holds rank {same[0]}'s initial parameters: the broadcast came "
+                f"from rank {same[0]}, but the source must be rank 0 (src=0).")
+    mean = {k: sum(init[k] for init in inits) / g.n for k in inits[0]}
+    if all(not check.named_differ(out, mean) for out in g.at(i)):
+        return ("every rank holds the average of the ranks' initial values: averaged "
+                "(all_reduce) instead of copying rank 0's parameters (broadcast).")
+    return ""
 
 
 BROADCAST = Exercise(key="lab02.broadcast", answer="broadcast_parameters", run=run, grade=grade,

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from ...models import lm_loss
 from ..harness import Exercise, Rule
-from ..records import calls, ops
+from ..records import calls, describe
 from .case import FROZEN, SPARE, TIMEOUT, UNTIED, Case
 from .training import NOT_BACK, grade_trained, local_batch, ranks_differ, setup, step_result, sum_or_twice
 
@@ -84,9 +84,9 @@ def one_per_bucket(records, case, n):
     plan, _ = case_buckets(case)
     want = case.steps * len(plan)
     for r, rec in enumerate(records):
-        got, other = len(calls(rec, "all_reduce")), [op for op in ops(rec) if op != "all_reduce"]
+        got, other = len(calls(rec, "all_reduce")), [c for c in rec["calls"] if c["op"] != "all_reduce"]
         if other:
-            return f"rank {r} called dist.{other[0]}; only one all_reduce per bucket is asked for."
+            return f"rank {r} called {describe(rec, other[0])}; only one all_reduce per bucket is asked for."
         if got != want:
             sizes = [sum(dict(case.build(0).named_parameters())[p].numel() * 4 for p in b) for b in plan]
             return (f"rank {r} made {got} all_reduce calls in {case.steps} steps, expected {want} "

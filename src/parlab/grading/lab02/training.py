@@ -25,8 +25,9 @@ import torch.nn as nn
 from ... import check
 from ...data import get_batch, shard_batch
 from ...launch.runtime import device
+from ..diagnosis import diagnose, scale_fits
 from ..harness import Graded
-from .case import DATA_SEED, Case
+from .case import DATA_SEED, INIT_SEED, Case
 
 
 # ---------------------------------------------------------------- on the ranks
@@ -116,7 +117,7 @@ def _compare(g: Graded, i: int, case: Case, seed: int, scales, hint) -> str | No
             missing = [k for k in want.grads if got.get(k) is None]
             left = [k for k in got if k not in want.grads and got[k] is None]
             scale = check.grad_scale(got, want.grads)
-            named = [why for f, why in scales(case, g.n) if scale and abs(scale / f - 1) < 1e-3]
+            named = _scale_named(g, i, s, trainable, want.grads, scales(case, g.n)) if scale else ""
             if missing:
                 msg = (f"rank {r}: {len(missing)} trainable parameters have no gradient (None), "
                        f"e.g. '{missing[0]}'.")
@@ -125,7 +126,7 @@ def _compare(g: Graded, i: int, case: Case, seed: int, scales, hint) -> str | No
                        "must hold the average over ranks, zeros here; its p.grad is None.")
             elif named:
                 return (f"rank {r}: every gradient used by step {s + 1} is {_ratio(scale)} the "
-                        f"single-process full-batch reference.\nHint: {named[0]}")
+                        f"single-process full-batch reference.\nHint: {named}")
             else:
                 try:
                     check.assert_grads_match({k: got[k] for k in want.grads}, want.grads, rank=r,
@@ -139,6 +140,16 @@ def _compare(g: Graded, i: int, case: Case, seed: int, scales, hint) -> str | No
                         f"single-process full-batch reference.\n{msg}"
                         + (f"\nHint: {why}" if why else ""))
     return None
+
+
+def _scale_named(g: Graded, i: int, s: int, trainable, want: dict, scales) -> str:
+    """The one known scale mistake whose factor every rank's gradients of step ``s`` show, or ""."""
+    pieces = []
+    for steps in g.at(i):
+        st = steps[s]
+        got = _unflat(st["grads"]["flat"], trainable, st["grads"]["none"])
+        pieces.append(scale_fits(check.grad_scale(got, want), [(why, f, why) for f, why in scales]))
+    return diagnose(pieces)
 
 
 def grade_trained(seed: int, scales, hint):
@@ -173,13 +184,55 @@ def ranks_differ(g: Graded, i: int, s: int) -> bool:
     return any(not check.same_values(other, grads[0]) for other in grads[1:])
 
 
+@functools.lru_cache(maxsize=64)
+def _initial_flat(case: Case, seed: int) -> torch.Tensor:
+    return packed_params(case.build(seed))
+
+
+def started_from(g: Graded, i: int, case: Case, seed: int) -> list[str]:
+    """Per rank, whose initial weights its first optimizer step started from: "own", "rank 0"
+    (the same for rank 0), or "" (neither, or no gradient to undo the step with).
+
+    Read from the evidence: with plain SGD the weights before a step are the weights after it
+    plus lr × the gradient it used (frozen parameters do not move).
+    """
+    every, trainable, _ = _layout(case, seed)
+    names = [n for n, _ in every]
+    sizes = [shape.numel() for _, shape in every]
+    out = []
+    for r, steps in enumerate(g.at(i)):
+        try:
+            step = steps[0]
+            grads = _unflat(step["grads"]["flat"], trainable, step["grads"]["none"])
+            if not grads or step["grads"]["none"]:
+                out.append("")
+                continue
+            after = dict(zip(names, torch.split(step["params"], sizes)))
+            before = torch.cat([(after[n] + case.lr * grads[n].reshape(-1)) if n in grads else after[n]
+                                for n in names])
+            own, first = _initial_flat(case, seed + r), _initial_flat(case, seed)
+            out.append("own" if r and check.same_values(before, own) else
+                       "rank 0" if check.same_values(before, first) else "")
+        except (IndexError, KeyError, TypeError, RuntimeError, ValueError):
+            out.append("")
+    return out
+
+
 def hint_replicated(g, i, case, s, r) -> str:
-    """For an answer whose ranks start from different weights (exercises 5 and 6)."""
+    """For an answer whose ranks start from different weights (exercises 5 and 6): the broadcast
+    is named only when every rank but 0 took its first step from its own initial weights."""
     if ranks_differ(g, i, s):
         return "the ranks used different gradients: were they synchronised (all-reduced) at all?"
-    if s == 0:
-        return ("the ranks start from different random weights: only rank 0's initial parameters "
-                "are the reference, so they must be broadcast first.")
+    if s == 0 and g.n > 1:
+        start = started_from(g, i, case, INIT_SEED)
+        if all(w == "own" for w in start[1:]):
+            return ("the ranks start from different random weights: only rank 0's initial parameters "
+                    "are the reference, so they must be broadcast first.")
+        if all(w == "rank 0" for w in start):
+            return ("every rank took its first step from rank 0's initial weights and the ranks agree "
+                    "on the gradient, so the broadcast and the averaging are not what differs: the "
+                    "averaged gradient of step 1 is not the full batch's (what each rank's forward "
+                    "and backward ran on: its own block of the global batch, and its loss).")
     return ""
 
 

@@ -54,6 +54,33 @@ class Case:
         return self.kind in ("f", "g", "mlp") or self.features % n == 0
 
 
+def team(case: Case, n: int, rank: int) -> list[int]:
+    """The ranks of ``rank``'s group for a case: every rank, or its pair [2k, 2k+1]."""
+    if case.groups == "world":
+        return list(range(n))
+    return list(range(rank - rank % 2, min(rank - rank % 2 + 2, n)))
+
+
+def teams(case: Case, n: int) -> list[list[int]]:
+    """The case's groups, each once, in order."""
+    return [team(case, n, r) for r in range(n) if team(case, n, r)[0] == r]
+
+
+def process_group(case: Case):
+    """On a rank: the process group for a case, None (the world) or this rank's pair [2k, 2k+1]."""
+    import torch.distributed as dist
+
+    if case.groups == "world":
+        return None
+    n, rank = dist.get_world_size(), dist.get_rank()
+    mine = None
+    for members in teams(case, n):  # every rank creates every group, in the same order
+        g = dist.new_group(members)
+        if rank in members:
+            mine = g
+    return mine
+
+
 def seeded_tensor(shape, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(shape, generator=g, dtype=torch.float64)

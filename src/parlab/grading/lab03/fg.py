@@ -18,7 +18,7 @@ from ... import check
 from ..harness import Exercise, Graded, Rule
 from ..plain import plain
 from ..records import calls, ops
-from .cases import HANG, TIMEOUT, Case, seeded_tensor
+from .cases import HANG, TIMEOUT, Case, process_group, seeded_tensor, team
 
 VISIBLE_F = ((4, (Case("f", (3, 5)), Case("f", (2, 3, 4), groups="pairs"), Case("f", (7,), seed=1))),)
 VISIBLE_G = ((4, (Case("g", (3, 5)), Case("g", (2, 3, 4), groups="pairs"), Case("g", (7,), seed=1))),)
@@ -29,21 +29,6 @@ def _dy_seed(case: Case, rank: int) -> int:
 
 
 # ---------------------------------------------------------------- on the ranks
-def _group(case: Case):
-    """The process group for a case: None (the world) or this rank's pair [2k, 2k+1]."""
-    import torch.distributed as dist
-
-    if case.groups == "world":
-        return None
-    n, rank = dist.get_world_size(), dist.get_rank()
-    mine = None
-    for start in range(0, n, 2):  # every rank creates every group, in the same order
-        g = dist.new_group(list(range(start, min(start + 2, n))))
-        if start <= rank < start + 2:
-            mine = g
-    return mine
-
-
 def run(cls, case: Case, i: int, spy) -> dict:
     """f or g on this rank's x with an upstream gradient per rank; the grader sums the group."""
     import torch.distributed as dist
@@ -51,7 +36,7 @@ def run(cls, case: Case, i: int, spy) -> dict:
     from ...launch.runtime import device
 
     rank = dist.get_rank()
-    group = _group(case)
+    group = process_group(case)
     # x and dy: (*case.shape), whole on every rank (f and g split nothing), each rank's own values
     x = seeded_tensor(case.shape, 10 * case.seed + rank).to(device()).requires_grad_()
     dy = seeded_tensor(case.shape, _dy_seed(case, rank)).to(device())
@@ -67,9 +52,7 @@ def run(cls, case: Case, i: int, spy) -> dict:
 
 # ---------------------------------------------------------------- grader
 def _group_sum(tensors: list, case: Case, r: int) -> torch.Tensor:
-    n = len(tensors)
-    members = range(n) if case.groups == "world" else range(r - r % 2, min(r - r % 2 + 2, n))
-    return torch.stack([tensors[m] for m in members]).sum(0)
+    return torch.stack([tensors[m] for m in team(case, len(tensors), r)]).sum(0)
 
 
 def grader(which: str):

@@ -20,13 +20,16 @@ import contextlib
 import re
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 from ... import check
+from ..diagnosis import diagnose
 from ..harness import Exercise, Graded, Rule
 from ..plain import plain
 from ..records import event, ops
-from .cases import (HANG, INPUT_SPLIT, TIMEOUT, Case, layer_input, mine, output_split, reference,
-                    reference_module, split_map, upstream)
+from .cases import (HANG, INPUT_SPLIT, TIMEOUT, Case, layer_input, mine, output_split, process_group,
+                    reference, reference_module, split_map, team, teams, upstream)
 
 #: The names an all-gather and a reduce-scatter go by in ``torch.distributed``.
 GATHERS = ("all_gather", "all_gather_into_tensor", "all_gather_single")
@@ -46,9 +49,11 @@ def run(cls, case: Case, i: int, spy) -> dict:
 
     from ...launch.runtime import device
 
-    rank, n = dist.get_rank(), dist.get_world_size()
+    group = process_group(case)
+    members = team(case, dist.get_world_size(), dist.get_rank())
+    rank, n = members.index(dist.get_rank()), len(members)  # this rank's place in its group
     full = reference_module(case).to(device())
-    kwargs = {"gather_output": True} if case.gather else {}
+    kwargs = ({"gather_output": True} if case.gather else {}) | ({"group": group} if group is not None else {})
     if not case.divisible(n):
         try:
             with spy.watch():
@@ -110,7 +115,8 @@ def settle(result: dict, case: Case, i: int, n: int) -> bool:
         return result["raised"] is True
     if not isinstance(result.get("y"), torch.Tensor):
         return False
-    rank, ref = dist.get_rank(), reference(case)
+    members = team(case, n, dist.get_rank())
+    rank, n, ref = members.index(dist.get_rank()), len(members), reference(case)
     # the reference cut as this rank holds it: a split parameter (out/n, in) or (out, in/n), a split
     # output (..., out/n) or (b, s/n, h); the sp block's replicated gradients are partial sums here
     pieces = [(result["y"], mine(ref["y"], output_split(case), rank, n)),
@@ -163,27 +169,38 @@ def _split_hint(name, dim, per_rank, full, what, n) -> str:
 def grade(g: Graded) -> str | None:
     done = min(len(r) for r in g.results)
     for i, case in enumerate(g.cases[:done]):
-        res = g.at(i)
-        if not case.divisible(g.n):
-            continue  # judged by the rule on uneven splits
-        where = case.describe(g.n)
-        bad = [(r, o) for r, o in enumerate(res) if not isinstance(o.get("y"), torch.Tensor)]
-        if bad:
-            return f"{g.name}'s forward returned {bad[0][1]['y']} on rank {bad[0][0]}, not a tensor ({where})."
-        ref = reference(case)
-        split = split_map(case)
-        message = _named_mismatch("parameter", [o["params"] for o in res], ref["params"], split, g.n, False)
-        if message:
-            return f"{g.name}'s shards are wrong for {where}.\n{message}"
-        records = [per_rank[i] for per_rank in g.records]
-        message = (_output_mismatch(case, [o["y"] for o in res], ref, g.n, "y", records)
-                   or _output_mismatch(case, [o["dx"] for o in res], ref, g.n, "dx", records))
-        if message:
-            return f"{g.name} is wrong for {where}.\n{message}"
-        message = _named_mismatch("gradient", [o["grads"] for o in res], ref["grads"], split, g.n,
-                                  summed=case.kind == "sp")
-        if message:
-            return f"{g.name}'s parameter gradients are wrong for {where}.\n{message}"
+        for members in teams(case, g.n):  # each group on its own: its ranks hold its shards
+            message = _grade_group(g, i, case, members)
+            if message:
+                return message
+    return None
+
+
+def _grade_group(g: Graded, i: int, case: Case, members: list[int]) -> str | None:
+    n = len(members)
+    if not case.divisible(n):
+        return None  # judged by the rule on uneven splits
+    res = [g.at(i)[m] for m in members]
+    where = case.describe(g.n)
+    if n < g.n:
+        where += f" (the group of ranks {members}: the ranks named below are their places in it)"
+    bad = [(r, o) for r, o in enumerate(res) if not isinstance(o.get("y"), torch.Tensor)]
+    if bad:
+        return f"{g.name}'s forward returned {bad[0][1]['y']} on rank {bad[0][0]}, not a tensor ({where})."
+    ref = reference(case)
+    split = split_map(case)
+    message = _named_mismatch("parameter", [o["params"] for o in res], ref["params"], split, n, False)
+    if message:
+        return f"{g.name}'s shards are wrong for {where}.\n{message}"
+    records = [g.records[m][i] for m in members]
+    message = (_output_mismatch(case, [o["y"] for o in res], ref, n, "y", records)
+               or _output_mismatch(case, [o["dx"] for o in res], ref, n, "dx", records))
+    if message:
+        return f"{g.name} is wrong for {where}.\n{message}"
+    message = _named_mismatch("gradient", [o["grads"] for o in res], ref["grads"], split, n,
+                              summed=case.kind == "sp")
+    if message:
+        return f"{g.name}'s parameter gradients are wrong for {where}.\n{message}"
     return None
 
 
@@ -226,11 +243,61 @@ def _layer_hint(case: Case, got: list, ref: dict, n: int, key: str, records: lis
         return f"every rank holds {n} x the right {'output' if key == 'y' else 'gradient'}: summed once too often (f and g swapped?)."
     if case.kind == "sp" and key == "y":
         return _sp_hint(case, got, ref, n, records)
-    if case.kind == "attn" and key == "y":
-        return ("check the head split: rank r holds heads r·n_head/t to (r+1)·n_head/t − 1, which are "
-                "rows r·d_model/t to (r+1)·d_model/t − 1 of q, k and v's weights. Reshape each shard "
-                "to (B, T, n_head/t, head_dim), with head_dim unchanged, before attention.")
+    if case.kind == "attn" and key == "y" and shapes_ok:
+        return _attention_hint(case, got, ref, n)
     return ""
+
+
+_RESHAPE = ("rank r holds heads r·n_head/t to (r+1)·n_head/t − 1, which are rows r·d_model/t to "
+            "(r+1)·d_model/t − 1 of q, k and v's weights. Reshape each shard to (B, T, n_head/t, "
+            "head_dim), with head_dim unchanged, before attention.")
+
+
+def _sharded_attention(full: nn.Module, x: torch.Tensor, n: int, heads: int, causal: bool = True,
+                       scale: float | None = None) -> torch.Tensor:
+    """The tensor-parallel attention's output when each rank views its rows of q, k, v as ``heads``
+    heads, masks causally or not, and scales the scores by ``scale`` (None: 1/√(its head size))."""
+    d = full.q.out_features
+    rows = d // n
+    y = torch.zeros(())
+    with torch.no_grad():
+        for r in range(n):
+            part = slice(r * rows, (r + 1) * rows)
+            q, k, v = (F.linear(x, m.weight[part], None if m.bias is None else m.bias[part])
+                       for m in (full.q, full.k, full.v))
+            B, T, _ = q.shape
+            q, k, v = (t.view(B, T, heads, -1).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, rows/heads)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            y = y + F.linear(a.transpose(1, 2).reshape(B, T, rows), full.o.weight[:, part])
+        return y if full.o.bias is None else y + full.o.bias
+
+
+def _attention_hint(case: Case, got: list, ref: dict, n: int) -> str:
+    """The attention mistake whose output every rank returned, when exactly one known mistake gives it:
+    a shard run as one head or as all n_head heads, no causal mask, or the scores scaled wrong."""
+    full, x = ref["module"], ref["x"]
+    heads, hd = case.features, full.head_dim
+    if heads % n:
+        return ""
+    per = heads // n
+    variants = {
+        "one head": ((1, True, None), "each rank ran attention on its whole shard as ONE head. " + _RESHAPE),
+        "all heads": ((heads, True, None), "each rank split its shard into all n_head heads (of head_dim/t "
+                      "each): it holds only n_head/t of them. " + _RESHAPE),
+        "no mask": ((per, False, None), "the attention is not causal: a position attended to later ones. "
+                    "Mask the scores above the diagonal (is_causal=True), as the full layer does."),
+        "unscaled": ((per, True, 1.0), "the scores q·kᵀ were not scaled: multiply them by 1/√head_dim."),
+        "d_model scale": ((per, True, (heads * hd) ** -0.5), "the scores were scaled by 1/√d_model; "
+                          "attention scales them by 1/√head_dim (the size of one head)."),
+        "shard scale": ((per, True, (per * hd) ** -0.5), "the scores were scaled by 1/√(d_model/t), the "
+                        "shard's width; attention scales them by 1/√head_dim (the size of one head)."),
+    }
+    rows = heads * hd // n
+    outputs = {name: _sharded_attention(full, x, n, *args) for name, (args, _) in variants.items()
+               if rows % args[0] == 0}
+    outputs = {k: v for k, v in outputs.items() if not check.same_values(v, ref["y"])}
+    return diagnose([{name: variants[name][1] for name, y in outputs.items() if check.same_values(t, y)}
+                     for t in got])
 
 
 #: The bias added after the all-reduce, per kind.
@@ -274,6 +341,7 @@ def _shards_only(records, case, n):
 
 
 def _shards_count(records, case, n):
+    n = len(team(case, n, 0))
     if not case.divisible(n):
         return None
     full = sum(p.numel() for p in reference_module(case).parameters())

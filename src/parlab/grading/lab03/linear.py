@@ -12,14 +12,18 @@ gets a hint about the split dimension.
 from __future__ import annotations
 
 import math
+import re
 
 from ..harness import Rule
 from ..records import calls
-from .cases import Case
+from .cases import Case, team
 from .layers import GATHERS, SHARDS_ONLY, exercise, grade_with_uneven, one_each, uneven_rule
 
+# The last visible case runs on two groups of 2 ranks: gather_output's backward must slice at the
+# rank's place in its group (dist.get_rank(group)), not at its global rank.
 VISIBLE_COLUMN = ((4, (Case("column", (2, 3, 6), 12), Case("column", (5, 10), 8, gather=True),
-                       Case("column", (3, 7), 4, bias=False), Case("column", (2, 6), 10))),)
+                       Case("column", (3, 7), 4, bias=False), Case("column", (2, 6), 10),
+                       Case("column", (3, 5), 6, gather=True, groups="pairs", seed=6))),)
 HIDDEN_COLUMN = ((2, (Case("column", (4, 9), 6, seed=3), Case("column", (1, 2, 5), 14, gather=True, seed=4),
                       Case("column", (3, 4), 7, seed=5))),)
 VISIBLE_ROW = ((4, (Case("row", (2, 3, 5), 12), Case("row", (4, 6), 8, bias=False),
@@ -29,6 +33,7 @@ HIDDEN_ROW = ((2, (Case("row", (3, 2, 4), 6, seed=3), Case("row", (5, 3), 14, se
 
 
 def _column_comm(records, case, n):
+    n = len(team(case, n, 0))  # the group's ranks
     if not case.divisible(n):
         return None
     shape = case.shape[:-1] + (case.features // n,)  # (..., out/n): this rank's columns of the output
@@ -49,6 +54,10 @@ def _column_comm(records, case, n):
 
 
 def _shape_error(text: str) -> str:
+    if "invalid gradient" in text and re.search(r"got \[[\d, ]*\b0\]", text):
+        return ("a backward returned an empty slice of the gradient. On a group smaller than the world "
+                "(the cases with groups of 2 ranks), a rank's slice of the group's tensor starts at its "
+                "place in the group, dist.get_rank(group), not at its global rank.")
     if "cannot be multiplied" in text or "size of tensor" in text or "shape" in text:
         return ("the weight shard does not fit the input: did you split the wrong dimension? "
                 "nn.Linear's weight is (out_features, in_features): a column-parallel layer keeps "

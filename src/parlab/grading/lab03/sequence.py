@@ -10,7 +10,7 @@ and grader; the rules here read the collectives and those shapes.
 from __future__ import annotations
 
 from ..harness import Rule
-from ..records import calls, event, ops
+from ..records import calls, describe, event, first
 from .cases import Case
 from .layers import GATHERS, SCATTERS, exercise, grade
 
@@ -21,12 +21,11 @@ HIDDEN = ((3, (Case("sp", (2, 9, 12), 3, seed=2), Case("sp", (1, 6, 18), 6, seed
 
 def _sp_comm(records, case, n):
     for r, rec in enumerate(records):
-        made = ops(rec)
-        if "all_reduce" in made:
-            return f"rank {r} called dist.all_reduce."
-        odd = [op for op in made if op not in GATHERS + SCATTERS]
+        if hit := first(rec, "all_reduce"):
+            return f"rank {r} called {describe(rec, hit)}."
+        odd = [c for c in rec["calls"] if c["op"] not in GATHERS + SCATTERS]
         if odd:
-            return f"rank {r} called dist.{odd[0]}."
+            return f"rank {r} called {describe(rec, odd[0])}."
     return None
 
 

@@ -14,7 +14,7 @@ import random
 
 from ...parallel.pp_schedule import ideal_schedule
 from ..harness import Graded
-from ..numbers import number_message, shown
+from ..numbers import numbers_message, shown
 from ..plain import NUMBERS, plain
 
 
@@ -89,7 +89,7 @@ def _alternatives(spans) -> list[tuple[float, str]]:
     with_comm = trace.bubble_fraction(spans, busy=("forward", "backward", "send", "recv"),
                                       window=(t0, t1))
     a0, a1 = min(s.start for s in spans), max(s.end for s in spans)
-    any_kind = trace.bubble_fraction(spans, window=(a0, a1)) if (a0, a1) != (t0, t1) else -1.0
+    any_kind = trace.bubble_fraction(spans, window=(a0, a1)) if (a0, a1) != (t0, t1) else None
     return [(sum(own) / len(own), "Each stage's idle share must be measured over the SAME window, "
              "from the first stage's first forward to the last backward on any stage, not over "
              "that stage's own first and last span."),
@@ -121,6 +121,7 @@ def _union(spans) -> list[float]:
 def grade(g: Graded) -> str | None:
     from ... import trace
 
+    rows = []
     for i, case in enumerate(g.cases[:len(g.results[0])]):
         spans = _as_spans(case)
         p = len({s.rank for s in spans})
@@ -128,10 +129,7 @@ def grade(g: Graded) -> str | None:
         if isinstance(got, dict) and "repr" in got and got.get("type") in ("dict", "list"):
             return (f"{g.name}(spans) for {p} stages returned {shown(got)[0][:80]}; return ONE "
                     "number, the mean over stages of each stage's idle share.")
-        msg = number_message(got, want, f"{g.name}(spans) for {p} stages and {len(spans)} spans",
-                             _alternatives(spans), rtol=1e-6)
-        if msg:
-            return msg
-    return None
+        rows.append((got, want, f"{g.name}(spans) for {p} stages and {len(spans)} spans", _alternatives(spans)))
+    return numbers_message(rows, rtol=1e-6)  # a way of measuring is named only when every case shows it
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ... import cost
 from ..calls import watched_cost_call
 from ..harness import Graded
-from ..numbers import number_message
+from ..numbers import numbers_message
 from ..plain import NUMBERS, plain
 from ..predictions import NO_COST
 
@@ -36,6 +36,9 @@ def run(fn, case, i, spy):
 
 
 def grade(g: Graded) -> str | None:
+    """Every case's bubble, then every case's bytes held: a mistake is named only when it explains
+    every case (``numbers.numbers_message``)."""
+    bubbles, helds = [], []
     for i, (p, m, schedule, rank, mb) in enumerate(g.cases[:len(g.results[0])]):
         got = g.results[0][i]
         call = f"{g.name}(p={p}, m={m}, schedule={schedule!r}, rank={rank}, mb_bytes={mb})"
@@ -49,20 +52,20 @@ def grade(g: Graded) -> str | None:
             (cost.bubble_fraction(p, m, schedule, definition="megatron"),
              "That is (p − 1)/m, idle time relative to the IDEAL time (Megatron's definition); "
              "this asks for idle time as a share of the whole step, (p − 1)/(m + p − 1)."),
-            (0.0, "1F1B reorders the passes but keeps GPipe's bubble: (p − 1)/(m + p − 1)."),
+            (0.0 if schedule == "1f1b" else None,
+             "1F1B reorders the passes but keeps GPipe's bubble: (p − 1)/(m + p − 1)."),
             ((p - 1) / (m + p), "The step lasts m + p − 1 slots, not m + p.")]
+        # the 1F1B mistakes do not apply to a GPipe case (None), which holds all m micro-batches
+        one_f = (lambda v: v) if schedule == "1f1b" else (lambda v: None)
         held_mistakes = [
-            (m * mb, "That is GPipe's m micro-batches; 1F1B holds at most p − rank of them."),
-            (p * mb, f"Stage {rank} holds min(p − rank, m) micro-batches, p only on stage 0 (and only "
-                     "when m ≥ p)."),
-            ((p - rank) * mb, f"With m = {m} < p − rank, only m micro-batches exist to hold."),
-            ((p - rank - 1) * mb, "That is the warm-up forwards only: the forward of the steady phase "
+            (one_f(m * mb), "That is GPipe's m micro-batches; 1F1B holds at most p − rank of them."),
+            (one_f(p * mb), f"Stage {rank} holds min(p − rank, m) micro-batches, p only on stage 0 (and only "
+                     "when m ≥ p).", "p everywhere"),
+            (one_f((p - rank) * mb), f"With m = {m} < p − rank, only m micro-batches exist to hold.", "m ignored"),
+            (one_f(min(p - rank - 1, m) * mb), "That is the warm-up forwards only: the forward of the steady phase "
                                   "is held too, min(p − rank, m) in all."),
-            (held / mb if mb != 1 else -1.0, "That is a number of micro-batches: multiply by mb_bytes."),
-            (min(p, m) * mb, f"Later stages hold fewer: stage {rank} holds min(p − rank, m).")]
-        msg = (number_message(got[0], bubble, f"the bubble of {call}", bubble_mistakes)
-               or number_message(got[1], held, f"the bytes held by {call}",
-                                 [(v, w) for v, w in held_mistakes if v != held], unit="bytes"))
-        if msg:
-            return msg
-    return None
+            (held / mb if mb != 1 else None, "That is a number of micro-batches: multiply by mb_bytes."),
+            (one_f(min(p, m) * mb), f"Later stages hold fewer: stage {rank} holds min(p − rank, m).", "rank ignored")]
+        bubbles.append((got[0], bubble, f"the bubble of {call}", bubble_mistakes))
+        helds.append((got[1], held, f"the bytes held by {call}", [x for x in held_mistakes if x[0] != held]))
+    return numbers_message(bubbles) or numbers_message(helds, unit="bytes")

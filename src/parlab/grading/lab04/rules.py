@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from ..harness import Rule
-from ..records import calls, events, steps, used
+from ..records import calls, describe, events, first, steps
 from ..spy import COLLECTIVES
 
 
@@ -29,8 +29,8 @@ def _forwards(step: dict) -> list[int]:
 
 def no_collective(records, case, n):
     for r, rec in enumerate(records):
-        if hits := used(rec, *COLLECTIVES):
-            return f"stage {r} called dist.{hits[0]}."
+        if hit := first(rec, *COLLECTIVES):
+            return f"stage {r} called {describe(rec, hit)}."
     return None
 
 
@@ -143,7 +143,22 @@ _MSG_SAYS = ("Per micro-batch, stage r sends its output to stage r + 1 and the g
              "input to stage r − 1, one message of `shape` each, and sends nothing else.")
 
 #: Every schedule exercise's: point-to-point messages only, one each way per micro-batch.
-COMMON = (Rule(_P2P_SAYS, no_collective), Rule(_MSG_SAYS, messages))
+def callers_own(records, case, n):
+    for r, rec in enumerate(records):
+        for s, step in enumerate(_steps(rec)):
+            made = events(step, "zero_grad") + events(step, "optimizer_step")
+            if made:
+                e = min(made, key=step["events"].index)
+                what = e["what"] if e["event"] == "zero_grad" else f"{e['what']}.step"
+                after = e["backward"] - step["events"][0]["backward"]
+                return (f"in step {s + 1}, stage {r} called {what}() (after {after} of its backward "
+                        "passes): the caller zeroes the gradients before each step and steps the "
+                        "optimizer after it.")
+    return None
+
+
+CALLERS_OWN_SAYS = "Leave the gradients and the optimizer to the caller: no `zero_grad` and no optimizer step."
+COMMON = (Rule(_P2P_SAYS, no_collective), Rule(_MSG_SAYS, messages), Rule(CALLERS_OWN_SAYS, callers_own))
 GPIPE = COMMON + (Rule("Run all m forward passes before the first backward, then one backward per "
                        "micro-batch.", gpipe_order),)
 ONE_F_ONE_B = COMMON + (

@@ -17,6 +17,7 @@ whatever a rank returned.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from ...launch.runtime import device
 from ...models import lm_loss, tiny_gpt
 from ...parallel.pp_stages import gpt_stage, held_activations
 from ..harness import Graded
+from ..diagnosis import diagnose, ratio_words, scale_fits
 from ..numbers import number_message
 from ..plain import plain
 
@@ -125,7 +127,7 @@ def run(fn, case: Case, i: int, spy, single: bool = False) -> list:
         micro = [(x.to(device()), y.to(device())) for x, y in case.batches(step)]  # m × ((b/m, s), (b/m, s))
         opt.zero_grad(set_to_none=True)
         spy.note("step")
-        with held_activations(*stage.parameters()) as held, spy.watch():
+        with held_activations(*stage.parameters()) as held, spy.watch(), _callers_own(spy):
             got = fn(stage, *micro[0], case.shape()) if single else fn(stage, micro, case.shape())
         named = list(stage.named_parameters())
         grads = {"flat": _flat_cpu(torch.zeros_like(p) if p.grad is None else p.grad for _, p in named),
@@ -134,6 +136,32 @@ def run(fn, case: Case, i: int, spy, single: bool = False) -> list:
         opt.step()
         out.append({"loss": _plain_loss(got), "grads": grads, "params": _flat_cpu(p for _, p in named)})
     return out
+
+
+@contextlib.contextmanager
+def _callers_own(spy):
+    """Note every ``zero_grad`` (of a module or an optimizer) and every optimizer step the answer
+    makes: the caller zeroes the gradients and steps."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    step_hook = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: spy.note("optimizer_step", what=type(opt).__name__))
+    originals = {cls: cls.zero_grad for cls in (torch.nn.Module, torch.optim.Optimizer)}
+
+    def noting(cls):
+        def zero_grad(self, *args, **kwargs):
+            spy.note("zero_grad", what=f"{type(self).__name__}.zero_grad")
+            return originals[cls](self, *args, **kwargs)
+        return zero_grad
+
+    for cls in originals:
+        cls.zero_grad = noting(cls)
+    try:
+        yield
+    finally:
+        step_hook.remove()
+        for cls, original in originals.items():
+            cls.zero_grad = original
 
 
 def run_single(fn, case, i, spy):
@@ -252,11 +280,20 @@ def _stage_message(case, n: int, s: int, r: int, st: dict, layout) -> str | None
     got = _unflat(st["grads"]["flat"], layout)
     want = {k: ref.grads[k] for k, _ in layout}
     scale = check.grad_scale(got, want)
-    if scale and case.m > 1 and abs(scale / case.m - 1) < 1e-3:
-        return (f"{where}: every gradient is {case.m}x the reference. Divide each micro-batch's loss "
-                f"by m = {case.m} before backward: the step's loss is the MEAN over micro-batches.")
-    if scale and case.m > 1 and abs(scale * case.m - 1) < 1e-3:
-        return f"{where}: every gradient is 1/{case.m} of the reference: you divided by m twice."
+    if scale and abs(scale - 1) > 1e-3:
+        # a factor names a mistake only when no other known mistake gives it (m = p, or m = 1)
+        named = diagnose([scale_fits(scale, [
+            ("not divided", case.m, f"Divide each micro-batch's loss by m = {case.m} before backward: "
+                                    "the step's loss is the MEAN over micro-batches."),
+            ("m twice", 1 / case.m, "you divided by m twice."),
+            ("by p", case.m / n, f"you divided each micro-batch's loss by the number of stages p = {n}, "
+                                 f"not by the m = {case.m} micro-batches.")] if case.m > 1 else [])])
+        if named:
+            return f"{where}: every gradient is {ratio_words(scale)} the reference. {named[0].upper()}{named[1:]}"
+        if case.m > 1:
+            return (f"{where}: every gradient is {ratio_words(scale)} the single-process reference: the "
+                    "same direction, a different scale (how each micro-batch's loss is scaled before "
+                    "its backward sets it).")
     if s == 0 and case.m > 1:
         last = {k: v for k, v in _last_only(case).items() if k in want}
         if check.grad_scale(got, last) is not None:

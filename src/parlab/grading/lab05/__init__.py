@@ -24,10 +24,11 @@ __all__ = ["check_memory", "check_comm", "check_zero1", "check_zero2", "check_ze
 
 MEMORY = prediction("lab05.memory", "zero_bytes_per_rank", call=formulas.MEMORY_CALL, unit="bytes",
                     want=formulas.memory_bytes, mistakes=formulas.memory_mistakes,
-                    visible=formulas.MEMORY_VISIBLE, hidden=formulas.MEMORY_HIDDEN)
+                    visible=formulas.MEMORY_VISIBLE, hidden=formulas.MEMORY_HIDDEN,
+                    terms=formulas.MEMORY_TERMS)
 COMM = prediction("lab05.comm", "zero_comm_bytes_per_rank", call=formulas.COMM_CALL, unit="bytes",
                   want=formulas.comm_bytes, mistakes=formulas.comm_mistakes,
-                  visible=formulas.COMM_VISIBLE, hidden=formulas.COMM_HIDDEN)
+                  visible=formulas.COMM_VISIBLE, hidden=formulas.COMM_HIDDEN, terms=formulas.COMM_TERMS)
 _ZERO = dict(grade=zero.grade, kind="class", settle=zero.settle, timeout=120, on_hang=zero.ON_HANG,
              on_mismatch=zero.ON_MISMATCH)
 ZERO1 = Exercise(key="lab05.zero1", answer="ZeRO1", run=zero.runner(1), visible=zero.PARAMS_VISIBLE,

@@ -12,6 +12,7 @@ wrong one is matched against the mistakes students make (``memory_mistakes``,
 from __future__ import annotations
 
 from ...cost import zero_comm_elems, zero_memory_per_gpu
+from ..diagnosis import Term
 
 MEMORY_CALL = "zero_bytes_per_rank(n_params={}, n={}, stage={})"
 MEMORY_VISIBLE = ((7.5e9, 64, 0), (7.5e9, 64, 1), (7.5e9, 64, 2), (7.5e9, 64, 3))
@@ -24,6 +25,14 @@ COMM_VISIBLE = ((1000, 4, 0, 4), (1000, 2, 1, 4), (1000, 4, 1, 2), (1000, 4, 2, 
 COMM_HIDDEN = ((999, 3, 1, 2), (1000, 5, 1, 4), (70e9, 8, 3, 2), (12, 2, 0, 4), (5, 1, 3, 2))
 
 
+#: The inputs each formula is also called with doubled, to say which term is wrong.
+MEMORY_TERMS = (Term("n_params", "the model states (2 + 2 + 12 bytes per parameter, each sharded or not)", 0),
+                Term("n", "the division of the sharded states by N", 1))
+COMM_TERMS = (Term("n_params", "the bytes of the collectives (their sizes grow with Ψ)", 0),
+              Term("n", "the ring factor (N − 1)/N", 1),
+              Term("bytes_per_elem", "the bytes per element", 3))
+
+
 def memory_bytes(psi, n, stage) -> float:
     return zero_memory_per_gpu(psi, n, stage)
 
@@ -34,7 +43,8 @@ def comm_bytes(psi, n, stage, b) -> float:
 
 def memory_mistakes(psi, n, stage):
     s = (stage + 1) % 4
-    return [(zero_memory_per_gpu(psi, n, s), f"That is stage {s}'s memory, not stage {stage}'s."),
+    return [(zero_memory_per_gpu(psi, n, s), f"That is stage {s}'s memory, not stage {stage}'s.",
+             f"stage {stage} as {s}"),
             (zero_memory_per_gpu(psi, n, stage, optim_bytes=8),
              "Adam's 12 bytes are the fp32 master weights (4) plus momentum and variance (4 + 4): "
              "the master copy is missing."),
@@ -51,7 +61,7 @@ def comm_mistakes(psi, n, stage, b):
                   f"That is 3(N − 1)/N·Ψ, ZeRO-{stage} as Exercise 3's ZeRO1 runs it (an all-reduce, "
                   "2(N − 1)/N·Ψ, then the all-gather of the updated shards, (N − 1)/N·Ψ). This "
                   "exercise counts stages 1 and 2 as ZeRO does: a reduce-scatter of the gradients "
-                  "and an all-gather of the parameters, 2(N − 1)/N·Ψ, the same as DP.")]
+                  "and an all-gather of the parameters, 2(N − 1)/N·Ψ, the same as DP.", "exercise 3's ZeRO1")]
     elif stage == 3:
         first = [(comm_bytes(psi, n, 0, b),
                   "That is 2(N − 1)/N·Ψ, DP's traffic: stage 3 gathers the weights twice (forward "
@@ -62,9 +72,9 @@ def comm_mistakes(psi, n, stage, b):
                   "2(N − 1)/N·Ψ.")]
     if n > 1:
         first.append((right * n, f"That is N = {n} times too much: a ring collective sends "
-                                 "(N − 1)/N of the tensor per rank, not (N − 1) times it."))
-    limit = [] if any(abs(v - k * psi * b) <= 1e-9 * abs(v) for v, _ in first) else [
-        (k * psi * b, f"That is the large-N limit {k}Ψ: each rank sends (N − 1)/N of it.")]
+                                 "(N − 1)/N of the tensor per rank, not (N − 1) times it.", "N times"))
+    # listed even where another mistake gives the same value (N = 2): the cases together tell them apart
+    limit = [(k * psi * b, f"That is the large-N limit {k}Ψ: each rank sends (N − 1)/N of it.", "large-N limit")]
     return [m for m in first + limit + [(right / b, "That is elements: multiply by the bytes per "
                                                     "element.")] if abs(m[0] - right) > 1e-9 * abs(right)]
 

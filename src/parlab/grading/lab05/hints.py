@@ -66,8 +66,12 @@ def error_hint(text: str) -> str:
     return ""
 
 
-def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, every: list) -> str:
-    """Name the likely mistake behind parameters that differ from single-process training."""
+def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, every: list,
+                 named: str = "") -> str:
+    """Name the mistake behind parameters that differ from single-process training, when the evidence
+    shows it: updates never written back or not reaching every element, a known scale of the first
+    update, or ``named`` (a known training mistake every rank's parameters show); otherwise say which
+    step's update first differs and where."""
     count = int(bad.sum())
     head = (f"{where}, {count} of {case.numel} parameters differ from single-process training "
             f"before forward {s} (after {s} step{'s' if s != 1 else ''}).")
@@ -96,5 +100,9 @@ def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, ev
                     "were summed over the ranks, not averaged (divide by world_size).")
         if abs(scale - 1 / n) < 1e-3:
             return head + " The first update is 1/world_size of the right one: divided twice?"
+    if named:
+        return f"{head} {named}"
     i = int(bad.nonzero()[0])
-    return head + f" The first is parameter {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}."
+    first = (f" They matched it before forward {s - 1}, so step {s}'s update is the first that differs."
+             if s >= 1 else "")
+    return head + first + f" The first is parameter {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}."

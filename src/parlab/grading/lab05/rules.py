@@ -79,8 +79,8 @@ def optimizer_sharded(records, case, n):
 
 def no_all_reduce(records, case, n):
     for r, rec in enumerate(records):
-        if read.calls(rec, "all_reduce"):
-            return (f"rank {r} called dist.all_reduce: every rank then holds all the averaged "
+        if hit := read.first(rec, "all_reduce"):
+            return (f"rank {r} called {read.describe(rec, hit)}: every rank then holds all the averaged "
                     "gradients, which ZeRO-2 saves by reduce-scattering them.")
     return None
 
@@ -176,8 +176,8 @@ def regathered_in_backward(records, case, n):
     backwards = case.steps + 1
     want = len(_layers(case)) * backwards
     for r, rec in enumerate(records):
-        if read.calls(rec, "all_reduce"):
-            return f"rank {r} called dist.all_reduce; ZeRO-3 reduce-scatters the gradients."
+        if hit := read.first(rec, "all_reduce"):
+            return f"rank {r} called {read.describe(rec, hit)}; ZeRO-3 reduce-scatters the gradients."
         in_backward = read.calls(rec, backward=True)
         gathers = [c for c in in_backward if c["op"].startswith("all_gather")]
         if len(gathers) < want:

@@ -17,6 +17,7 @@ skips a parameter whose ``.grad`` is None.  ``hints`` names the mistakes.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 
 from ... import check
 from ...launch.runtime import device
+from ..diagnosis import diagnose
 from ..harness import Graded
 from ..plain import plain
 from . import hints, rules
@@ -110,19 +112,34 @@ def layers_of(model: nn.Module) -> list[nn.Module]:
     return [m for m in model if any(True for _ in m.parameters(recurse=False))]
 
 
-def reference(case: Case, n: int) -> list[torch.Tensor]:
-    """Flat parameters before step 0, 1, ..., steps of single-process training on the whole batch."""
+def reference(case: Case, n: int, variant: str = "", rank: int = 0) -> list[torch.Tensor]:
+    """Flat parameters before step 0, 1, ..., steps of single-process training on the whole batch.
+
+    A ``variant`` is the same training with one known mistake, to recognise it by its parameters
+    (``hints.wrong_params``): "fresh", a new optimizer every step (its momentum and variance lost);
+    "own rows", ``rank``'s rows of the batch only (its gradient never reduced over the ranks).
+    """
+    return [t.clone() for t in _reference(case, n, variant, rank)]
+
+
+@functools.lru_cache(maxsize=256)
+def _reference(case: Case, n: int, variant: str, rank: int) -> tuple[torch.Tensor, ...]:
     model = case.build()
-    opt = case.optimizer([p for p in model.parameters() if p.requires_grad])  # frozen ones never move
+    trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones never move
+    opt = case.optimizer(trainable)
     flats = []
     for s in range(case.steps + 1):
         flats.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
         if s < case.steps:
             x, y = case.batch(s, n)
+            if variant == "own rows":
+                x, y = x[rank * case.rows:(rank + 1) * case.rows], y[rank * case.rows:(rank + 1) * case.rows]
+            if variant == "fresh":
+                opt = case.optimizer(trainable)
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
-    return flats
+    return tuple(flats)
 
 
 # ---------------------------------------------------------------- on the ranks
@@ -198,9 +215,48 @@ def grade(g: Graded) -> str | None:
                     return hints.frozen_moved(where, s, got, want, case)
                 bad = ~check.close_mask(got, want, *tols(case))
                 if bool(bad.any()):
-                    return hints.wrong_params(where, s, got, want, ref, bad, case, g.n,
-                                              [other["flats"][s] for other in g.at(i)])
+                    every = [other["flats"][s] for other in g.at(i)]
+                    return hints.wrong_params(where, s, got, want, ref, bad, case, g.n, every,
+                                              _state_named(case, g.n, s, every))
     return None
+
+
+#: The training mistakes recognised by the parameters they leave (``reference``'s variants).
+_STATES = {
+    "fresh": "They are what training gives with a new optimizer at every step: the optimizer state "
+             "(momentum, and Adam's variance) is lost between steps. Create each shard's optimizer once, "
+             "in __init__, and step that one every time.",
+    "unreduced": "Each element is what training on the rows of the rank whose shard holds it gives: "
+                 "each rank stepped its shard with its own gradient, never reduced over the ranks "
+                 "(reduce-scatter the gradients, then average).",
+}
+
+
+def _unreduced(case: Case, n: int, s: int) -> torch.Tensor:
+    """The parameters before forward ``s`` when each rank steps its shard (ceil(Ψ / N) trainable
+    elements, in order) with the gradient of its own rows alone: every optimizer here is elementwise."""
+    out = reference(case, n)[s]
+    trainable = (~case.frozen_mask()).nonzero().flatten()
+    chunk = -(-case.trainable // n)
+    for r in range(n):
+        mine = trainable[r * chunk:(r + 1) * chunk]
+        out[mine] = reference(case, n, "own rows", r)[s][mine]
+    return out
+
+
+def _state_named(case: Case, n: int, s: int, every: list) -> str:
+    """The one known mistake whose parameters every rank holds before forward ``s``, or ""."""
+    expected = {"fresh": reference(case, n, "fresh")[s], "unreduced": _unreduced(case, n, s)}
+    pieces = []
+    for got in every:
+        fits = {}
+        for variant, sentence in _STATES.items():
+            want = expected[variant]
+            if (isinstance(got, torch.Tensor) and got.shape == want.shape
+                    and bool(check.close_mask(got, want, *tols(case)).all())):
+                fits[variant] = sentence
+        pieces.append(fits)
+    return diagnose(pieces)
 
 
 # ---------------------------------------------------------------- the cases

@@ -91,19 +91,25 @@ def _layout_hint(got_of, shape: Shape, what: str) -> str:
 
 # ---------------------------------------------------------------- coords
 def _run_coords(fn, case: Shape, i, spy):
+    """Per rank: the returned triple as plain ints, and the name of the type it came back as."""
     with spy.watch():
-        return [_plain_ints(fn(r, case.pp, case.dp, case.tp)) for r in range(case.world)]
+        out = [fn(r, case.pp, case.dp, case.tp) for r in range(case.world)]
+    return [_plain_ints(v) for v in out], [type(v).__name__ for v in out]
 
 
 def _grade_coords(g: Graded) -> str | None:
     for i, case in enumerate(g.cases):
-        got = g.results[0][i]
+        got, kinds = g.results[0][i]
+        got = list(got)
         mesh = Mesh(case.pp, case.dp, case.tp)
         for r, value in enumerate(got):
             call = f"{g.name}({r}, pp={case.pp}, dp={case.dp}, tp={case.tp})"
             if not _is_ints(value, 3):
                 return (f"{call} returned {value.get('repr', value) if isinstance(value, dict) else value!r}; "
                         "it should return a tuple of three ints (p, d, t).")
+            if kinds[r] == "list":
+                return (f"{call} returned the list {list(value)}; it should return the tuple {value}: "
+                        "coordinates are a fixed triple (p, d, t), compared and used as dict keys as one.")
             want = tuple(mesh.coords(r))
             if value != want:
                 hint = _layout_hint(lambda o: all(got[k] == _layout(case, o)(k) for k in range(case.world)),

@@ -19,12 +19,14 @@ the memory message names both.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass, fields
 from functools import lru_cache
 
-from ... import cost, planner
+from ... import cost, planner, planner_frameworks
 from ...planner import Cluster, ModelSpec, Plan, Workload
+from ..diagnosis import Term, diagnose
 from ..harness import Exercise, Graded, Rule, checker
 from ..plain import plain_number
 from ..predictions import prediction_grader
@@ -70,7 +72,8 @@ class MemoryCase:
 
 def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=True, t=None,
              recompute=None, stage=None, optim=None, precision=None, embed=True, logits=True,
-             working=True, stage0=False, zero_over_cp=True, untie=False) -> float:
+             working=True, stage0=False, zero_over_cp=True, untie=False, tied_once=False,
+             gathered=True) -> float:
     """Planner v3's memory model (``planner.stage_memory``, busiest stage) with one piece changed,
     to recognise a mistake by its value."""
     zero = plan.zero if stage is None else stage
@@ -84,7 +87,8 @@ def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=T
     def act(m):
         return cost.activation_bytes_per_layer(model.seq / plan.cp, plan.micro_batch, model.hidden,
                                                model.heads, t=tp_act, sp=plan.sp, recompute=m,
-                                               scores=model.scores, **model.shape)
+                                               scores=model.scores, **model.shape,
+                                               sp_gathered=gathered and planner_frameworks.sp_keeps_gathered(plan))
 
     totals = []
     for r in ((0,) if stage0 else range(plan.pp)):
@@ -92,7 +96,7 @@ def _variant(plan: Plan, model: ModelSpec, *, held=None, per_stage=True, shard=T
         params = n * model.layer_params
         if embed and r == 0:
             params += model.vocab * model.hidden
-        if embed and r == plan.pp - 1 and (not model.tied or untie or plan.pp > 1):
+        if embed and r == plan.pp - 1 and (not model.tied or untie or plan.pp > 1 and not tied_once):
             params += model.vocab * model.hidden
         psi = params / plan.tp if shard else model.params
         states = (w * psi / (d if zero >= 3 else 1) + g * psi / (d if zero >= 2 else 1)
@@ -144,50 +148,69 @@ def _memory_mistakes(case: MemoryCase) -> list[tuple[float, str]]:
             "Under selective recomputation the layer whose attention is being recomputed holds that "
             "part on top: one layer's recompute=\"none\" minus \"selective\" activations."
             if p.recompute == "selective" else "Under full recomputation the layer being recomputed "
-            "holds its whole working set (its recompute=\"none\" activations) on top."),
+            "holds its whole working set (its recompute=\"none\" activations) on top.",
+            f"working set under {p.recompute}"),
+           (_variant(p, m, tied_once=True), "model.tied, and pp > 1: the first stage holds the embedding, "
+            "and the last stage keeps its own copy of it as the output layer (vocab × hidden "
+            "parameters, ÷ tp), so count it on the last stage too."),
            (_variant(p, m, untie=True), "model.tied: the output layer is the embedding matrix, so a "
             "single stage (pp = 1) holds V·h once; with pp > 1 the last stage keeps its own copy."),
            (_variant(p, m, precision=other), f"plan.precision is \"{p.precision}\": use its bytes "
-            f"(cost.PRECISIONS[\"{p.precision}\"]), not {other}'s."),
+            f"(cost.PRECISIONS[\"{p.precision}\"]), not {other}'s.", f"uses {other}"),
            (_variant(p, m, zero_over_cp=False), "ZeRO shards the model states over dp·cp ranks, "
             "not dp alone."),
            (planner.memory_per_gpu(p, m) / 1e9, "Return bytes, not GB.")]
+    if planner_frameworks.sp_keeps_gathered(p):
+        out.append((_variant(p, m, gathered=False), "torchtitan runs this plan (ZeRO-2/3 with TP): its sequence "
+                    "parallelism keeps the all-gathered inputs of attention and the MLP; pass "
+                    "sp_gathered=planner_frameworks.sp_keeps_gathered(plan) to activation_bytes_per_layer."))
     for mode in planner.RECOMPUTE:
         if mode != p.recompute:
             out.append((_variant(p, m, recompute=mode), f"plan.recompute is \"{p.recompute}\": "
                         f"that is the memory under \"{mode}\" (activation_bytes_per_layer(..., "
-                        f"recompute=plan.recompute))."))
+                        f"recompute=plan.recompute)).", f"recompute {mode}"))
     for s in cost.ZERO_STAGES:
         if s != p.zero:
             out.append((_variant(p, m, stage=s), f"That is ZeRO-{s}'s model-state memory; the plan "
-                        f"asks for ZeRO-{p.zero}."))
+                        f"asks for ZeRO-{p.zero}.", f"ZeRO-{s}"))
     want = planner.memory_per_gpu(p, m)
-    return _merged([(v, why) for v, why in out if not math.isclose(v, want, rel_tol=1e-6)])
+    return [(v, why, named[0] if named else _name(why))
+            for v, why, *named in out if not math.isclose(v, want, rel_tol=1e-6)]
 
 
-def _merged(mistakes: list[tuple[float, str]]) -> list[tuple[float, str]]:
-    """One entry per wrong value: mistakes that give the same value are named together."""
-    out: list[tuple[float, list[str]]] = []
-    for value, why in mistakes:
-        same = next((whys for v, whys in out if math.isclose(v, value, rel_tol=1e-6)), None)
-        if same is None:
-            out.append((value, [why]))
-        else:
-            same.append(why)
-    return [(v, whys[0] if len(whys) == 1 else "Two mistakes give this value here: "
-             + " Or: ".join(whys)) for v, whys in out]
+def _name(why: str) -> str:
+    """A mistake's name, the same on every case: its sentence up to the first number or quote."""
+    return re.split(r"[\d\"]", why, maxsplit=1)[0]
 
 
-def _run_memory(fn, case: MemoryCase, i: int, spy) -> object:
+#: The inputs memory_per_gpu is also called with doubled, to say which term is wrong.
+_ACTIVATIONS = "the activations (the last stage's logits among them)"
+MEMORY_TERMS = (Term("model.seq", _ACTIVATIONS, 0, "model.seq"),
+                Term("plan.micro_batch", _ACTIVATIONS, 0, "plan.micro_batch"),
+                Term("model.vocab", "the embedding, the output layer and the logits", 0, "model.vocab"),
+                Term("plan.dp", "the division of the model states by ZeRO over dp·cp", 0, "plan.dp"))
+
+
+def _run_memory(fn, case: MemoryCase, i: int, spy) -> list:
+    """The answer's bytes for the case, then for the case with each of ``MEMORY_TERMS`` doubled."""
+    out, called = [], []
     with spy.watch():
-        got, called = _calling_reference(MEMORY_REFERENCE, fn, case.plan, case.model)
-    spy.note("reference", called=called)
-    return plain_number(got)
+        for varied in [case] + [term.vary((case,))[0] for term in MEMORY_TERMS]:
+            try:
+                got, more = _calling_reference(MEMORY_REFERENCE, fn, varied.plan, varied.model)
+            except Exception:  # noqa: BLE001 - the case itself raises again below, as it would alone
+                if varied is case:
+                    raise
+                got, more = None, []
+            out.append(plain_number(got))
+            called += more
+    spy.note("reference", called=sorted(set(called)))
+    return out
 
 
 _grade_memory = prediction_grader(lambda case: f"memory_per_gpu(plan, model) for {case.describe(1)}",
                                   lambda case: planner.memory_per_gpu(case.plan, case.model),
-                                  _memory_mistakes, unit="bytes")
+                                  _memory_mistakes, unit="bytes", terms=MEMORY_TERMS)
 
 
 def _called_reference(records, case, n) -> str | None:
@@ -219,6 +242,8 @@ MEMORY = Exercise(
                   MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=4, accum=1), _1B3),
                   MemoryCase(Plan(dp=8, tp=1, pp=1, zero=1, micro_batch=2, accum=4), _1B3_TIED),
                   MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=1, accum=4), _1B3_TIED),
+                  # a tied model whose LAST stage is the busiest: counting the embedding once fails
+                  MemoryCase(Plan(dp=1, tp=1, pp=4, zero=0, micro_batch=1, accum=1), _1B3_TIED),
                   MemoryCase(Plan(dp=2, tp=2, pp=2, zero=1, micro_batch=1, accum=8, recompute="selective"),
                              _1B3_SCORES))),),
     hidden=((1, (MemoryCase(Plan(dp=5, tp=8, pp=2, zero=3, micro_batch=1, accum=1), _13B),
@@ -232,6 +257,7 @@ MEMORY = Exercise(
                  MemoryCase(Plan(dp=4, tp=1, pp=2, cp=4, zero=3, micro_batch=1, accum=2), _7B_32K),
                  MemoryCase(Plan(dp=4, tp=2, pp=1, zero=1, micro_batch=2, accum=2), _1B3_TIED),
                  MemoryCase(Plan(dp=2, tp=1, pp=3, zero=1, micro_batch=1, accum=6), _1B3_TIED),
+                 MemoryCase(Plan(dp=2, tp=1, pp=4, zero=1, micro_batch=1, accum=1), _1B3_TIED),
                  MemoryCase(Plan(dp=4, tp=2, pp=1, zero=2, micro_batch=2, accum=2, recompute="selective"),
                             _1B3_SCORES))),),
     rules=(Rule("`memory_per_gpu` does not call `planner.memory_per_gpu`, `planner.stage_memory` or "
@@ -281,18 +307,71 @@ def _why_nothing_fits(work: Workload) -> str:
     return "every layout needs more memory per GPU than it has, or breaks a rule"
 
 
-def _memory_hint(plan: Plan, work: Workload) -> str:
-    """Name the terms whose omission would have made ``plan`` look as if it fits."""
-    parts, cap = planner.memory_breakdown(plan, work.model), work.cluster.usable_memory
-    total = sum(parts.values())
-    hints = [f" Without the {words} ({parts[key] / 1e9:.1f} GB) it would fit: does your "
-             f"memory_per_gpu count them?"
-             for key, words in (("activations", "activations"), ("optimizer", "optimizer states"))
-             if total - parts[key] <= cap]
+def _logits(plan: Plan, model: ModelSpec) -> float:
+    return planner.LOGIT_BYTES * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
+
+
+@lru_cache(maxsize=None)
+def _fastest_memory_aside(work: Workload) -> dict | None:
+    """The fastest candidate that breaks no rule but memory (the simplest among ties), as plain fields:
+    what a search that never checks memory picks."""
+    best = None
+    for plan in planner.candidates(work):
+        if any(p.kind != "memory" for p in planner.problems(plan, work)):
+            continue
+        guess = planner.predict(plan, work)
+        if best is None or guess.tokens_per_second > best.tokens_per_second * (1 + 1e-12) or (
+                math.isclose(guess.tokens_per_second, best.tokens_per_second, rel_tol=1e-12)
+                and planner.simplicity(plan) < planner.simplicity(best.plan)):
+            best = guess
+    return None if best is None else _plain_plan(best.plan)
+
+
+def _memory_fits(plan: Plan, work: Workload) -> dict[str, str]:
+    """``{mistake: sentence}`` of the memory mistakes that alone would have made ``plan`` fit."""
+    return _memory_terms(plan, work)[0]
+
+
+def _memory_terms(plan: Plan, work: Workload):
+    """(the fitting mistakes, the breakdown, the last stage's logits, the terms left out)."""
+    model, cap = work.model, work.cluster.usable_memory
+    parts = planner.memory_breakdown(plan, model)
+    total, logits = sum(parts.values()), _logits(plan, model)
+    stages = [sum(planner.stage_memory(plan, model, r).values()) for r in range(plan.pp)]
+    left_out = {"activations": (total - parts["activations"], "the activations", parts["activations"]),
+                "optimizer": (total - parts["optimizer"], "the optimizer states", parts["optimizer"]),
+                "logits": (max(s - (logits if r == plan.pp - 1 else 0) for r, s in enumerate(stages)),
+                           "the last stage's fp32 logits", logits)}
+    fits = {key: f" Without {words} ({part / 1e9:.1f} GB) it would fit: does your memory_per_gpu count them?"
+            for key, (need, words, part) in left_out.items() if need <= cap}
     if total <= work.cluster.memory:
-        hints = [f" It fits in the {work.cluster.memory / 1e9:.0f} GB of HBM, but a plan may use only "
-                 f"{work.cluster.headroom:.0%} of it (work.cluster.usable_memory)."] + hints
-    return "".join(hints) or " Check your memory_per_gpu against this breakdown."
+        fits["headroom"] = (f" It fits in the {work.cluster.memory / 1e9:.0f} GB of HBM, but a plan may "
+                            f"use only {work.cluster.headroom:.0%} of it (work.cluster.usable_memory).")
+    if _plain_plan(plan) == _fastest_memory_aside(work):
+        fits["unchecked"] = (" It is the fastest of all the layouts when memory is left aside: does your "
+                             "search compare each plan's memory_per_gpu with work.cluster.usable_memory?")
+    return fits, parts, logits, left_out
+
+
+def _memory_hint(plan: Plan, work: Workload, others=()) -> str:
+    """The one mistake that alone would have made ``plan`` look as if it fits (a term left out: the
+    activations, the optimizer states, the last stage's logits; the headroom ignored; memory never
+    checked), when only one would, here and on ``others`` (the other cases' plans that do not fit,
+    ``(plan, work)``); otherwise the busiest stage's terms and which would each have, naming no cause."""
+    fits, parts, logits, left_out = _memory_terms(plan, work)
+    cap, total = work.cluster.usable_memory, sum(parts.values())
+    named = diagnose([fits] + [_memory_fits(*other) for other in others])
+    if named:
+        return named
+    terms = ", ".join(f"{key} {value / 1e9:.1f} GB" for key, value in parts.items())
+    each = [f"{left_out[k][1]} ({left_out[k][2] / 1e9:.1f} GB)" for k in fits if k in left_out]
+    alone = (" Leaving out any one of " + ", ".join(each) + " would bring it under that"
+             + (", and so would comparing with all of the HBM" if "headroom" in fits else "") + "."
+             if each else "")
+    alone += " It is also the fastest of all the layouts when memory is left aside." if "unchecked" in fits else ""
+    return (f" Its busiest GPU holds {terms} (the last stage's fp32 logits, {logits / 1e9:.1f} GB, "
+            f"are among its activations), {total / 1e9:.1f} GB in all against {cap / 1e9:.1f} GB usable."
+            f"{alone} Compare your memory_per_gpu with each term.")
 
 
 def _batch_hint(plan: Plan, work: Workload) -> str:
@@ -340,7 +419,8 @@ def _grade_choose(g: Graded) -> str | None:
         plan = Plan(**got)
         problems = planner.problems(plan, work)
         if problems:
-            hint = _memory_hint(plan, work) if "GB per GPU" in problems[-1] else ""
+            hint = (_memory_hint(plan, work, _over_memory(g, i)) if "GB per GPU" in problems[-1]
+                    else "")
             return (f"choose picked {plan} for {where}, which cannot run: " + "; ".join(problems)
                     + "." + hint + _batch_hint(plan, work))
         mine = planner.predict(plan, work).tokens_per_second
@@ -351,6 +431,24 @@ def _grade_choose(g: Graded) -> str | None:
                     "recomputation and interleaving, and keep the fastest plan that fits."
                     + _slower_hint(plan, top.plan, work.model))
     return None
+
+
+def _over_memory(g: Graded, i: int) -> list[tuple[Plan, Workload]]:
+    """The other cases' returned plans that break only the memory rule, with their workloads: the
+    evidence a memory mistake must explain too."""
+    out = []
+    for j, case in enumerate(g.cases[:len(g.results[0])]):
+        got = g.results[0][j]
+        if j == i or not isinstance(got, dict) or "dp" not in got:
+            continue
+        try:
+            plan = Plan(**got)
+            kinds = {p.kind for p in planner.problems(plan, case.work)}
+        except (TypeError, ValueError, ZeroDivisionError):
+            continue
+        if kinds == {"memory"}:
+            out.append((plan, case.work))
+    return out
 
 
 def _why_problem(plan) -> str | None:

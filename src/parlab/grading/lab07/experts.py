@@ -34,7 +34,7 @@ from ...models.moe import tiny_moe
 from ...parallel.mesh import Grid
 from ..harness import Graded, Rule
 from ..plain import plain
-from ..records import calls, events, ops
+from ..records import calls, describe, events
 from . import recorder
 
 
@@ -310,13 +310,22 @@ def _all_equal(tensors: list) -> bool:
 A2A = ("all_to_all_single", "all_to_all")
 
 
+def _carries_tokens(call: dict, case: MoECase) -> bool:
+    """Whether a collective's tensor can be tokens (or their gradients): floating point, a whole number
+    of d_model-wide rows, and, in backward, not the router's gradient (E × d_model or E elements)."""
+    if not str(call["dtype"]).startswith(("float", "bfloat")) or not call["numel"] or call["numel"] % case.d:
+        return False
+    return not call["in_backward"] or call["numel"] not in (case.experts * case.d, case.experts)
+
+
 def _all_to_all_only(records, case, n):
     for r, rec in enumerate(records):
-        other = [op for op in ops(rec) if op not in A2A]
+        other = [c for c in calls(rec) if c["op"] not in A2A and _carries_tokens(c, case)]
         if other:
-            return (f"rank {r} called dist.{other[0]}: the tokens travel by all-to-all, each rank sending "
-                    "each other rank only the tokens for its experts (a broadcast or all-gather sends "
-                    "every token everywhere).")
+            rows = other[0]["numel"] // case.d
+            return (f"rank {r} called {describe(rec, other[0])}, {rows} rows of d_model {case.d}: the "
+                    "tokens travel by all-to-all, each rank sending each other rank only the tokens for "
+                    "its experts (a broadcast or all-gather sends every token everywhere).")
     return None
 
 

@@ -18,15 +18,16 @@ chunk).  Rules are judged on the spy's calls and ``recorder`` events.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from ... import check
+from ..diagnosis import diagnose, hint
 from ..harness import Graded, Rule
 from ..plain import plain
-from ..records import calls, events
+from ..records import calls, describe, events
 from . import recorder
 
 
@@ -132,6 +133,45 @@ _TRAVEL = ("the output and dq are right but dk/dv are not: each rank's queries c
            "where they are summed.")
 
 
+def _blockwise(case: RingCase, n: int, merge: str) -> torch.Tensor:
+    """The output when each rank's key chunk (a block) is softmaxed on its own and the blocks' outputs
+    are averaged (``merge="mean"``, over the blocks a query saw) or summed: no online rescaling."""
+    t = case.tensors()
+    q, k, v = t["q"], t["k"], t["v"]
+    pos = layout_positions(case.s, n, case.layout)
+    out, seen = torch.zeros_like(q), torch.zeros(q.shape[:-1] + (1,), dtype=q.dtype)
+    for j in range(n):
+        s = q @ k[:, :, pos[j]].transpose(-1, -2) * q.shape[-1] ** -0.5  # (b, h, s, s/n)
+        if case.causal:
+            s = s.masked_fill(pos[j][None, :] > torch.arange(case.s)[:, None], float("-inf"))
+        saw = torch.isfinite(s).any(-1, keepdim=True)
+        p = torch.where(saw, torch.softmax(s.masked_fill(~saw, 0.0), -1), 0.0)
+        out, seen = out + p @ v[:, :, pos[j]], seen + saw.to(q.dtype)
+    return out / seen if merge == "mean" else out
+
+
+_UNSCALED = ("the scores were left unscaled: multiply q·kᵀ by the softmax scale 1/√D (D = q.shape[-1], "
+             "scaled_dot_product_attention's default), in forward and backward.")
+
+
+def _output_hint(case: RingCase, got: list, want: torch.Tensor, pos: torch.Tensor) -> str:
+    """The mistake whose output every rank returned, when exactly one known mistake gives it: the
+    scores unscaled or scaled by 1/D, no causal mask, the blocks' softmaxes averaged or summed."""
+    n, d = len(got), case.d
+    variants = {"unscaled": (reference(case, scale=1.0)["out"], _UNSCALED),
+                "1/D": (reference(case, scale=1.0 / d)["out"], "the scores were scaled by 1/D; the "
+                        "softmax scale is 1/√D (D = q.shape[-1]), in forward and backward."),
+                "mean": (_blockwise(case, n, "mean"), _RESCALE),
+                "sum": (_blockwise(case, n, "sum"), _RESCALE)}
+    if case.causal:
+        variants["no mask"] = (reference(replace(case, causal=False))["out"], "the output is non-causal attention: every query "
+                               "saw every key. Mask the keys at later global positions (`positions`).")
+    variants = {k: v for k, v in variants.items() if not check.same_values(v[0], want)}
+    return diagnose([{name: why for name, (out, why) in variants.items()
+                      if isinstance(t, torch.Tensor) and t.shape == out[:, :, pos[r]].shape
+                      and check.same_values(t, out[:, :, pos[r]])} for r, t in enumerate(got)])
+
+
 def grade(g: Graded) -> str | None:
     done = min(len(r) for r in g.results)
     for i, case in enumerate(g.cases[:done]):
@@ -145,14 +185,10 @@ def grade(g: Graded) -> str | None:
                     "return this rank's chunk of the output, shaped like q.")
         wrong = _wrong([o["out"] for o in res], ref["out"], pos, "output")
         if wrong:
-            unscaled = reference(case, scale=1.0)["out"]
-            if all(check.same_values(o["out"], unscaled[:, :, pos[r]]) for r, o in enumerate(res)):
-                return (f"{g.name}'s output is wrong for {case.describe(g.n)}: it is attention with the "
-                        "scores left unscaled.\nHint: multiply q·kᵀ by the softmax scale 1/√D (D = "
-                        "q.shape[-1], scaled_dot_product_attention's default), in forward and backward.")
-            hint = _MASK if case.causal and _passed_plain(g, i) else _RESCALE if not case.causal else (
-                _MASK + " Or, if the non-causal case is also wrong: " + _RESCALE)
-            return f"{g.name}'s output is wrong for {case.describe(g.n)}.\n{wrong}\nHint: {hint}"
+            named = _output_hint(case, [o["out"] for o in res], ref["out"], pos)
+            if not named and case.causal and _passed_plain(g, i):
+                named = _MASK
+            return f"{g.name}'s output is wrong for {case.describe(g.n)}.\n{wrong}" + hint(named)
         wrong = _wrong([o["dq"] for o in res], ref["dq"], pos, "dq")
         if wrong:
             return (f"{g.name}'s gradient of q is wrong for {case.describe(g.n)}.\n{wrong}\nHint: backward "
@@ -179,7 +215,7 @@ def _ring_only(records, case, n):
     for r, rec in enumerate(records):
         for c in calls(rec):
             if c["op"] not in P2P:
-                return (f"rank {r} called dist.{c['op']}: K and V must travel around the ring by "
+                return (f"rank {r} called {describe(rec, c)}: K and V must travel around the ring by "
                         "point-to-point messages only (an all-gather holds the whole K/V on every rank, "
                         "which is what context parallelism avoids).")
             if c["numel"] > 4 * chunk:
