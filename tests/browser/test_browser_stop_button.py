@@ -46,6 +46,24 @@ def alive(pids) -> set[int]:
     return running
 
 
+def fork_servers(pids) -> set[int]:
+    """The kernel's fork server (parlab.launch.fork_server) among ``pids``: it is the kernel's and outlives
+    a launch. Its forks (torchrun, the ranks) share its command line, so it is the one whose parent is not
+    among them."""
+    found = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                server_like = b"parlab.launch.fork_server" in f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if server_like and parent not in pids:
+            found.add(pid)
+    return found
+
+
 def test_stop_button_ends_the_launch_quickly_and_leaves_nothing(open_notebook, lab_server):
     nb = open_notebook("00-setup/00-setup.ipynb")
     before = lab_server.processes()  # the server and this notebook's kernel
@@ -54,8 +72,11 @@ def test_stop_button_ends_the_launch_quickly_and_leaves_nothing(open_notebook, l
     nb.run(cell)
     # Both ranks are up and asleep once each has printed.
     expect(nb.outputs(cell).locator("pre", has_text="sleeping")).to_have_count(2, timeout=90_000)
-    launch = lab_server.processes() - before
+    started = lab_server.processes() - before
+    servers = fork_servers(started)
+    launch = started - servers
     assert len(launch) >= 3, f"expected torchrun and 2 ranks under this server, found {launch}"
+    assert len(servers) <= 1, f"more than one fork server for one kernel: {servers}"
     nb.screenshot("stop-button-before", cell)
 
     nb.interrupt()
@@ -67,7 +88,7 @@ def test_stop_button_ends_the_launch_quickly_and_leaves_nothing(open_notebook, l
     stderr = nb.top_level(cell, "application/vnd.jupyter.stderr")
     expect(stderr.filter(has_text="KeyboardInterrupt")).to_have_count(1)
 
-    left = alive(launch) | alive(lab_server.processes() - before)
+    left = alive(launch) | alive(lab_server.processes() - before - servers)
     assert not left, f"processes of the stopped launch still run: {sorted(left)}"
 
     again = nb.add_cell(NEXT_LAUNCH)

@@ -40,7 +40,9 @@ def widest_launch(lab: str) -> int:
         module = importlib.import_module(f"parlab.grading.lab{lab[:2]}")
     except ImportError:
         return 4
-    sizes = [n for obj in vars(module).values() if (ex := getattr(obj, "exercise", None)) is not None
+    from ..grading.harness import Exercise
+
+    sizes = [n for obj in vars(module).values() if isinstance(ex := getattr(obj, "exercise", None), Exercise)
              for n, _ in (*ex.visible, *ex.hidden)]
     return max(sizes, default=4)
 
