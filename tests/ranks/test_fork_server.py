@@ -18,9 +18,16 @@ pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
 
 def lineage():
-    """On a rank: (its parent, its grandparent, the variable X)."""
-    parent = os.getppid()
-    return parent, psutil.Process(parent).ppid(), os.environ.get("PARLAB_TEST_X"), dist.get_world_size()
+    """On a rank: (torchrun's agent, the agent's parent, the variable X, the world size).
+
+    A forked rank's parent is the fork server multiprocessing starts for torchrun (its agent's child).
+    """
+    import multiprocessing
+
+    agent = psutil.Process(os.getppid())
+    if multiprocessing.parent_process() is not None:
+        agent = agent.parent()
+    return agent.pid, agent.ppid(), os.environ.get("PARLAB_TEST_X"), dist.get_world_size()
 
 
 def test_ranks_are_forked_from_the_kernels_server_and_a_new_environment_replaces_it():

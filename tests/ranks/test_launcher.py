@@ -35,7 +35,8 @@ def whoami(scale):
 def record_pids(path):
     """Append 'rank pid ppid grandparent' so the test can check these processes are gone later.
 
-    The grandparent is the kernel's fork server (``parlab.launch.fork_server``), or the kernel itself.
+    The grandparent is torchrun's agent when the rank was forked (by multiprocessing's fork server, which
+    the agent forked from the kernel's ``parlab.launch.fork_server`` started), or the kernel itself.
     """
     import psutil
 
@@ -367,17 +368,26 @@ def test_killed_kernel_takes_its_ranks_with_it(tmp_path):
     proc, pids = _start_launching_process(tmp_path)
     with open(pids) as f:
         servers = {int(line.split()[3]) for line in f if line.strip()} - {proc.pid}
-    assert servers, "the ranks were not forked from a fork server"
+    assert servers, "the ranks were not forked"
     os.kill(proc.pid, signal.SIGKILL)  # a kernel restart or crash
     proc.communicate(timeout=30)
     assert_all_gone(pids, wait=5.0)
-    assert not [p for p in servers if alive(p) and not _zombie(p)], "the fork server outlived its kernel"
+    assert not [p for p in servers if alive(p) and not _zombie(p)], "the forked torchrun outlived its kernel"
     # The dead kernel's job folder is swept by the next launch on the machine.
     root = jobdir.jobs_root()
     mine = [n for n in os.listdir(root) if n.startswith(f"launch-{proc.pid}-")]
     assert mine, "expected the killed kernel's folder to exist until the next sweep"
     jobdir.sweep_stale_jobs()
     assert not [n for n in os.listdir(root) if n.startswith(f"launch-{proc.pid}-")]
+
+
+def torchrun_of(rank_pid: int) -> int:
+    """The torchrun agent above a rank: its parent, or (forked through the kernel's fork server) the
+    parent of multiprocessing's fork server, which is the rank's parent."""
+    import psutil
+
+    parent = psutil.Process(rank_pid).parent()
+    return parent.ppid() if "multiprocessing.forkserver" in " ".join(parent.cmdline()) else parent.pid
 
 
 def test_killed_torchrun_is_reported_and_its_ranks_end(tmp_path):
@@ -387,7 +397,7 @@ def test_killed_torchrun_is_reported_and_its_ranks_end(tmp_path):
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if pids.exists() and len(pids_from(pids)) == 2:
-                os.kill(pids_from(pids)[0][1], signal.SIGKILL)  # ppid of a rank = torchrun
+                os.kill(torchrun_of(pids_from(pids)[0][0]), signal.SIGKILL)
                 return
             time.sleep(0.1)
 

@@ -5,17 +5,20 @@ rank, and each imported torch: most of a launch's seconds on a small machine.
 Here one process per kernel, started by the kernel's first launch, imports
 torch and the launcher once and then waits on a socket pair that only the
 kernel holds.  For each launch it forks one child that runs torchrun, the
-unchanged CLI, with ``--start-method=fork --run-path worker.py``: torchrun's
-own options for starting the ranks by fork from its agent instead of by exec.
+unchanged CLI, with ``--start-method=forkserver --run-path worker.py``:
+torchrun's own options for starting the ranks by fork, here from
+multiprocessing's fork server (one fresh, single-purpose interpreter per
+launch that imports ``PRELOAD``), never from the agent, whose threads could
+hold a lock at the fork.
 So every launch still gets new processes, a new rendezvous, torchrun's
 environment and failure summary, and its own folder; nothing survives from
 the launch before, because the server itself never runs a task, never touches
 a GPU (CUDA starts in a rank, after the fork) and never forks the kernel.
 
 What replaces what: the agent is ``fork()`` of this server instead of
-``exec(python -m parlab.launch.agent)``, and torchrun forks the ranks from
-the agent instead of exec-ing ``python -m parlab.launch.worker``.  Nothing
-else of torchrun is replaced.
+``exec(python -m parlab.launch.agent)``, and the ranks are forked from one
+interpreter per launch instead of each exec-ing ``python -m
+parlab.launch.worker``.  Nothing else of torchrun is replaced.
 
 Rules that keep it safe where students share a host:
 - one server per kernel process, its child; it dies with the kernel
@@ -422,6 +425,11 @@ def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     tempfile.tempdir = None  # TMPDIR is the launch's
     sys.path[0] = request["cwd"]  # as `python -m` started in the launch's folder would have it
     _format_exceptions_plainly()
+    import multiprocessing
+
+    # The ranks fork from multiprocessing's fork server, which this agent starts: a fresh interpreter
+    # with nothing but one thread, where these modules are imported once per launch (see PRELOAD).
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD) + ["parlab.launch.forkserver_tie"])
     from .agent import main
 
     try:

@@ -167,7 +167,11 @@ def main() -> None:
     stack_file = open(job.file("stack", rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable()  # a segfault prints the Python stack to this rank's stderr
-    die_with_parent(int(os.environ.get("PARLAB_AGENT_PID", "0")) or None)
+    import multiprocessing
+
+    # a rank torchrun started by fork server (fork_server.py) is a child of multiprocessing's fork server
+    forked = multiprocessing.parent_process() is not None
+    die_with_parent(None if forked else int(os.environ.get("PARLAB_AGENT_PID", "0")) or None)
     job.write_pid(rank, os.getpid(), start_time(os.getpid()))
 
     spec = job.read_spec()
