@@ -425,11 +425,6 @@ def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     tempfile.tempdir = None  # TMPDIR is the launch's
     sys.path[0] = request["cwd"]  # as `python -m` started in the launch's folder would have it
     _format_exceptions_plainly()
-    import multiprocessing
-
-    # The ranks fork from multiprocessing's fork server, which this agent starts: a fresh interpreter
-    # with nothing but one thread, where these modules are imported once per launch (see PRELOAD).
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD) + ["parlab.launch.forkserver_tie"])
     from .agent import main
 
     try:
