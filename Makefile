@@ -32,8 +32,10 @@ LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=labs $(LAB_ARGS)
 
+# With no PYTEST_ARGS, the tiers run in two pytest processes at once (scripts/run_tests.py says why
+# and which); with PYTEST_ARGS, one pytest with them.
 test: setup
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 # The GPU tier alone (tests/gpu): NCCL launches, tiny models on CUDA, the labs' checks on GPUs.
 # Skipped, with the reason, on a machine without CUDA.
