@@ -13,19 +13,15 @@ import os
 import pwd
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hub_tier import INSTRUCTOR, REPO, STATE, STUDENTS  # noqa: E402
+
 sys.path.insert(0, str(REPO / "hub"))
 sys.path.insert(0, str(REPO / "tests" / "browser"))
-
-#: Fixed, so that a run killed half-way is cleaned up by the next one (its users-made list).
-STATE = Path(tempfile.gettempdir()) / "parlab-hub-tier"
-INSTRUCTOR = "plh-teach"
-STUDENTS = ("plh-ada", "plh-bo")
 
 # JupyterLab user settings of every test user, as the browser tier sets them
 # (tests/browser/lab_server.py): every cell in the page, no pop-ups over it.

@@ -37,7 +37,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import INSTRUCTOR, REPO, STUDENTS
+from hub_tier import INSTRUCTOR, REPO, STUDENTS
 
 pytestmark = [pytest.mark.hub, pytest.mark.timeout(600)]
 expect = pytest.importorskip("playwright.sync_api", reason="hub tier: playwright is not installed "

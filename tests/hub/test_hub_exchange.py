@@ -41,7 +41,7 @@ from shlex import quote
 import nbformat
 import pytest
 
-from conftest import REPO
+from hub_tier import REPO
 
 pytestmark = [pytest.mark.hub, pytest.mark.timeout(300)]
 

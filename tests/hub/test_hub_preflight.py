@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INSTRUCTOR, REPO, STATE, STUDENTS
+from hub_tier import INSTRUCTOR, REPO, STATE, STUDENTS
 
 pytestmark = [pytest.mark.hub, pytest.mark.timeout(1500)]
 

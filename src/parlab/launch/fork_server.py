@@ -397,6 +397,26 @@ def _fork_agent(request: dict, sock: socket.socket, selector) -> dict:
     return {"pid": pid}
 
 
+def _short_socket_folder() -> None:
+    """Give multiprocessing's fork server a folder whose socket path fits ``AF_UNIX``'s 108 bytes.
+
+    Its listening socket goes in a ``pymp-*`` folder under the temporary folder; under a launch's
+    TMPDIR deep in a student's home or a hub's per-user folder the path runs past the limit and the
+    fork server cannot start ("AF_UNIX path too long").  Then the folder (private, 0700, removed at
+    the agent's exit by multiprocessing) is made in /tmp instead.
+    """
+    import multiprocessing.util
+    import tempfile
+
+    if len(tempfile.gettempdir()) <= 48 or not os.path.isdir("/tmp"):
+        return
+    tempfile.tempdir = "/tmp"
+    try:
+        multiprocessing.util.get_temp_dir()  # made now, kept for this process
+    finally:
+        tempfile.tempdir = None
+
+
 def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     """In the forked child: drop the server's ends, take the launch's world, run torchrun."""
     import tempfile
@@ -425,6 +445,12 @@ def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     tempfile.tempdir = None  # TMPDIR is the launch's
     sys.path[0] = request["cwd"]  # as `python -m` started in the launch's folder would have it
     _format_exceptions_plainly()
+    import multiprocessing
+
+    # The ranks fork from multiprocessing's fork server, which this agent starts: a fresh interpreter
+    # with nothing but one thread, where these modules are imported once per launch (see PRELOAD).
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD) + ["parlab.launch.forkserver_tie"])
+    _short_socket_folder()
     from .agent import main
 
     try:

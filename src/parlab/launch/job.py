@@ -138,15 +138,15 @@ class Job:
     def _forked(self, env: dict, per_node: int):
         """torchrun forked by this kernel's fork server (``fork_server.py``), or None to start it cold.
 
-        The same torchrun command; the ranks are started by torchrun as from a cold agent (forking them
-        too was faster but not safe enough: docs/launcher.md).  Not in a grading box, nor for the MPI backend.
+        The same torchrun command, with torchrun's own ``--start-method=forkserver --run-path`` so that
+        the ranks are forked too (from multiprocessing's fork server, started by the agent).  Not in a grading box, nor for the MPI backend.
         """
         if self.wrapper is not None or self.backend not in ("gloo", "nccl"):
             return None
-        from . import fork_server
+        from . import fork_server, worker
 
-        argv = ["--standalone", f"--nproc-per-node={per_node}", "--max-restarts=0", "-m", "parlab.launch.worker",
-                self.job.path]
+        argv = ["--standalone", f"--nproc-per-node={per_node}", "--max-restarts=0", "--start-method=forkserver",
+                "--run-path", os.path.abspath(worker.__file__), self.job.path]
         return fork_server.start_agent(argv, env, os.getcwd(), self.job.agent_log)
 
     def _popen(self, cmd, env) -> subprocess.Popen:

@@ -143,14 +143,35 @@ def encode_result(result, plain: bool, rank: int) -> bytes:
         ) from None
 
 
+def _start_as_an_interpreter_would() -> None:
+    """A rank forked from torchrun's agent (``fork_server.py``) drops the agent's signal handlers.
+
+    torchrun turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into exceptions in its agent; a rank that kept
+    them would raise where a rank started as its own interpreter is simply ended.
+    """
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        return
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main() -> None:
+    _start_as_an_interpreter_would()
     job = JobDir(sys.argv[1])
     rank = int(os.environ["RANK"])
     _route_output(job, rank)
     stack_file = open(job.file("stack", rank), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     faulthandler.enable()  # a segfault prints the Python stack to this rank's stderr
-    die_with_parent(int(os.environ.get("PARLAB_AGENT_PID", "0")) or None)
+    import multiprocessing
+
+    # a rank torchrun started by fork server (fork_server.py) is a child of multiprocessing's fork server
+    forked = multiprocessing.parent_process() is not None
+    die_with_parent(None if forked else int(os.environ.get("PARLAB_AGENT_PID", "0")) or None)
     job.write_pid(rank, os.getpid(), start_time(os.getpid()))
 
     spec = job.read_spec()
@@ -197,6 +218,22 @@ def main() -> None:
             pass
     sys.stdout.flush()
     sys.stderr.flush()
+    _exit_as_an_interpreter_would()
+
+
+def _exit_as_an_interpreter_would() -> None:
+    """Run the rank's ``atexit`` handlers when it was forked (``fork_server.py``).
+
+    A forked rank ends through multiprocessing's ``os._exit``, which skips them; a rank started as
+    its own interpreter runs them at exit, and a handler that fails there must be seen the same way.
+    """
+    import atexit
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
 
 
 def _wait_to_be_ended() -> None:
