@@ -13,7 +13,7 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.parlab-installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop hub-preflight student-dist
+.PHONY: setup lab test test-gpu doctor bench release slides clean-venv hub hub-stop hub-preflight student-dist rehearsal
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu install its venv module (sudo apt-get install python3-venv), then: rm -rf $(VENV); make $(MAKECMDGOALS)"; exit 1; }
@@ -80,6 +80,17 @@ hub-stop:
 # one line per check, ok or FAIL with the remedy; the report in /srv/parlab-hub-demo (docs/jupyterhub.md).
 hub-preflight:
 	$(PY) hub/demo.py preflight
+
+# The day before term, on the DGX, as root, in the course's checkout with the course's hub running: the GPU
+# tier, parlab preflight of the deployed environment (PARLAB_ENV) against that hub (PREFLIGHT_ARGS: its options,
+# e.g. --url ... --instructor ... --checkout $$PWD) and 30 students at once (benchmarks/hub_load.py), in one
+# report file to keep (parlab.preflight.rehearsal; docs/jupyterhub.md, "The day before term").
+PARLAB_ENV ?= /opt/conda/envs/parlab
+PREFLIGHT_ARGS ?=
+REHEARSAL_REPORT ?= /var/log/parlab-rehearsal-$(shell date -u +%Y%m%dT%H%M%SZ).txt
+rehearsal: $(HUB_STAMP)
+	$(PY) -m parlab.preflight.rehearsal --report $(REHEARSAL_REPORT) --students 30 --gpu-tier "$(MAKE) test-gpu" \
+	    --preflight "$(PARLAB_ENV)/bin/parlab preflight $(PREFLIGHT_ARGS)" --load "$(PY) benchmarks/hub_load.py"
 
 clean-venv:
 	rm -rf $(VENV)

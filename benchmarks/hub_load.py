@@ -4,7 +4,7 @@ Starts the hub of hub/jupyterhub_config.py (hub/course_hub.py) with N
 students as real Unix users, then, measured in one run:
 
 1. one student's server, by kind of process (the server, its kernel, and
-   during the launch the launch agent, i.e. torchrun, and the ranks): RSS
+   during the launch the launcher, i.e. the kernel's fork server and torchrun's agent, and the ranks): RSS
    (resident, counting shared libraries in every process that maps them) and
    USS (private to the process: what it adds to the machine), sampled every
    0.25 s; the kernel bare and after lab 00's imports (``torch.distributed``,
@@ -65,7 +65,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hub"))
 from course_hub import CourseHub, pids_of_uid  # noqa: E402
-from course_spawner import MemoryCgroup, kill_pids  # noqa: E402
+from course_spawner import MemoryCgroup, class_cpu_block, kill_pids  # noqa: E402
 from kernel_api import UserKernel  # noqa: E402
 
 HELLO = '''
@@ -106,13 +106,31 @@ def expected(nproc: int) -> list[str]:
     return [f"hello from rank {r} of {nproc}" for r in range(nproc)]
 
 
-KINDS = (("jupyterhub-singleuser", "server"), ("ipykernel", "kernel"), ("parlab.launch.agent", "launch agent"),
-         ("parlab.launch.worker", "rank"))
+KINDS = (("jupyterhub-singleuser", "server"), ("ipykernel", "kernel"))
+MP_FORKSERVER = "from multiprocessing.forkserver import main"
 
 
 def kind_of(proc: psutil.Process) -> str:
+    """server, kernel, rank, or launcher: what the kernel's launches start besides the ranks.
+
+    The launcher's processes are forked (the kernel's fork server, torchrun's agent forked from
+    it, multiprocessing's fork server under the agent, the ranks forked from that), and a forked
+    process keeps the command line of the one it was forked from.  So a rank is a child of
+    multiprocessing's fork server with its command line, or, started cold, runs parlab.launch.worker
+    and is not the agent (whose command line names the worker too).
+    """
     cmdline = " ".join(proc.cmdline())
-    return next((kind for marker, kind in KINDS if marker in cmdline), "other")
+    kind = next((kind for marker, kind in KINDS if marker in cmdline), None)
+    if kind:
+        return kind
+    try:
+        parent = " ".join(proc.parent().cmdline()) if proc.parent() else ""
+    except psutil.Error:
+        parent = ""
+    if MP_FORKSERVER in cmdline and MP_FORKSERVER in parent or \
+            "parlab.launch.worker" in cmdline and "parlab.launch.agent" not in cmdline:
+        return "rank"
+    return "launcher" if "parlab" in cmdline or MP_FORKSERVER in cmdline else "other"
 
 
 def memory_by_kind(pids) -> dict[str, dict]:
@@ -248,8 +266,11 @@ def print_memory(mem: dict) -> None:
 def launch_private(mem: dict, nproc: int) -> int:
     """Private bytes one student's ``nproc``-rank launch adds to an idle server (from the 4-rank figures)."""
     launch = mem["launch"]
+    if "rank" not in launch:
+        raise RuntimeError(f"no rank found among the launch's processes ({sorted(launch)}): kind_of no longer "
+                           "knows how the launcher starts them")
     per_rank = launch.get("rank", {}).get("uss", 0) / max(1, launch.get("rank", {}).get("n", 1))
-    return int(launch.get("launch agent", {}).get("uss", 0) + nproc * per_rank)
+    return int(launch.get("launcher", {}).get("uss", 0) + nproc * per_rank)
 
 
 def fits(n: int, slots: int, idle: int, launch: int, available: int, reserve: int) -> bool:
@@ -296,14 +317,18 @@ class AllUp:
 
 
 def keep_alive(kernel, done) -> None:
-    """Wait until ``done()`` (checked each 5 s), talking to the kernel meanwhile, as an open JupyterLab does.
+    """Wait until ``done(0)`` is true (asked every 0.2 s), the kernel's websocket served meanwhile.
 
-    In one run without this, 10 of 30 kernels' websockets closed while their
-    clients waited without reading (why was not established), and those
-    results were lost; an open JupyterLab keeps its connection busy.
+    In one run that waited here with the websocket unserved, 10 of 30 results
+    were lost: the client serves its websocket only while one of its calls
+    runs (``UserKernel.idle``), so the first kernels up, waiting minutes for
+    the last, answered none of Jupyter Server's pings, and the server closed
+    each websocket whose pong was 90 s late (``ws_ping_timeout``);
+    tests/hub/test_hub_kernel_ws.py shows it.  A browser answers pings by
+    itself: students' JupyterLab tabs are not affected.
     """
-    while not done(5):
-        kernel.execute("pass", timeout=300)
+    while not done(0):
+        kernel.idle(0.2)
 
 
 def one_student(hub: CourseHub, user: str, t0: float, nproc: int, all_up: AllUp,
@@ -348,9 +373,12 @@ def one_student(hub: CourseHub, user: str, t0: float, nproc: int, all_up: AllUp,
 
 def conditions(args, hub: CourseHub) -> str:
     load = os.getloadavg()
-    return (f"conditions: {len(os.sched_getaffinity(0))} usable cores, {psutil.virtual_memory().total / 1e9:.1f} GB "
+    cores = len(os.sched_getaffinity(0))
+    setting = None if hub.cpus_per_server is None else str(hub.cpus_per_server)
+    per_server = class_cpu_block(cores, len(set(hub.instructors) | set(hub.students)), setting)  # as the hub's config
+    return (f"conditions: {cores} usable cores, {psutil.virtual_memory().total / 1e9:.1f} GB "
             f"memory, {mem_available() / 1e9:.1f} GB available, load average {load[0]:.1f}; each server: memory "
-            f"limit {hub.mem_limit or 'none'}, {hub.cpus_per_server or 'all'} cores; {args.nproc}-rank launches, "
+            f"limit {hub.mem_limit or 'none'}, a CPU set of {per_server} cores; {args.nproc}-rank launches, "
             f"{args.launch_slots or 'no'} launch slots, {args.reserve_gb:g} GB kept free; "
             f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
 

@@ -5,8 +5,11 @@
         reply.status, reply.stdout, reply.result
 
 tests/hub and benchmarks/hub_load.py use it to drive many students' servers
-without a browser each.  ``kernel_name`` defaults to ``python3``, the name
-every lab's notebook metadata gives.
+without a browser each.  Between calls, wait with ``kernel.idle(seconds)``,
+not ``time.sleep``: the websocket is served only while one of its calls
+runs, and the server closes one that answers no ping for 90 s (``idle``).
+``kernel_name`` defaults to ``python3``, the name every lab's notebook
+metadata gives.
 """
 from __future__ import annotations
 
@@ -67,6 +70,20 @@ class UserKernel:
                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}})
         self._loop.run_sync(lambda: self._ws.write_message(message), timeout=60)
         return msg_id
+
+    def idle(self, seconds: float) -> None:
+        """Wait ``seconds`` with the websocket served: the server's pings answered, its messages queued.
+
+        The connection is served only while this client's IOLoop runs (in
+        ``execute``, ``send`` or here).  A client that waits otherwise answers
+        no ping, and Jupyter Server closes a kernel's websocket whose pong is
+        ``ws_ping_timeout`` late (90 s by default: 3 pings 30 s apart), so
+        the next ``execute`` finds it closed.  A browser's websocket answers
+        pings by itself.  tests/hub/test_hub_kernel_ws.py shows both.
+        """
+        import asyncio
+
+        self._loop.run_sync(lambda: asyncio.sleep(seconds), timeout=seconds + 60)
 
     def execute(self, code: str, timeout: float = 300) -> Reply:
         """Run ``code`` and wait for its reply: what it printed, its result or its error."""

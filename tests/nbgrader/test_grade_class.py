@@ -16,8 +16,9 @@ its PID mid-way, then resumed.  Then every good submission has exactly one
 score per cell, equal to nbgrader's, and the same feedback file (but for
 the durations its cells print); the killed
 one was listed as a grader failure and given no score before the resume;
-each bad input has its own message; a third run grades nothing; and no
-process of any run is left.
+each bad input has its own message; a third run grades nothing; a fourth,
+``--student bo``, grades bo's unchanged submission again and no one else's;
+and no process of any run is left.
 """
 import os
 import re
@@ -70,8 +71,10 @@ def courses(tmp_path_factory, serial_lab00):
     submit(parallel, "ivy", LAB, notebook(LAB, parallel))  # not on the roster
     runs = {}
     for name, args, kill in (("killed", ("--workers", "2"), "ada"), ("resumed", ("--workers", "2", "--resume"), None),
-                             ("again", ("--workers", "2"), None)):
+                             ("again", ("--workers", "2"), None), ("one", ("--student", "bo"), None)):
         start = time.perf_counter()
+        if name == "one":
+            runs["before one"] = gradebook_scores(parallel, LAB)
         runs[name] = grade(parallel, *args, kill=kill)
         if name == "killed":
             runs["after kill"] = gradebook_scores(parallel, LAB)
@@ -152,6 +155,20 @@ def test_rerun_grades_nothing(courses):
     rc, out = runs["again"]
     assert rc == 0, out
     assert "0 to grade" in out and f"{len(GOOD)} unchanged" in out, out
+
+
+def test_one_student_regraded(courses):
+    """--student bo grades bo's unchanged submission again, and no one else's; the gradebook keeps one score each."""
+    _, parallel, runs = courses
+    rc, out = runs["one"]
+    assert rc == 0, out
+    assert "1 to grade" in out and "0 unchanged" in out and re.search(r"\sbo\s+done", out), out
+    assert not re.search(r"\s(ada|cy|di)\s+(grading|done)", out) and "no submission from" not in out, out
+    assert gradebook_scores(parallel, LAB) == runs["before one"]
+    proc = subprocess.run([sys.executable, "-m", "parlab", "grade", LAB, "--student", "ed", "--student", "zed"],
+                          cwd=parallel, env=tool_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"no submission of {LAB} from ed, zed" in proc.stderr and "nbgrader collect" in proc.stderr, proc.stderr
 
 
 def test_missing_assignment(courses):

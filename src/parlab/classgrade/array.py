@@ -55,10 +55,11 @@ def grade_class_on_slurm(root: Path, lab: str, partition: str | None = None, acc
                          time_limit: float | None = None, cpus_per_task: int | None = None, chunk: int = 1,
                          resume: bool = False, force: bool = False, timeout: float | None = None,
                          out=None, mem: str | None = None, throttle: int | None = None,
-                         reservation: str | None = None, qos: str | None = None) -> Progress:
+                         reservation: str | None = None, qos: str | None = None,
+                         students: list[str] | None = None) -> Progress:
     from .run import widest_launch
 
-    c, todo, progress = plan.select(root, lab, force, out)
+    c, todo, progress = plan.select(root, lab, force, out, students)
     req = array_slurm.check(partition, account, time_limit, cpus_per_task, widest_launch(lab), len(todo), chunk,
                             mem, throttle, reservation, qos)
     tasks, cpus = math.ceil(len(todo) / chunk), req.cpus_per_task

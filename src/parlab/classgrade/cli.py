@@ -22,6 +22,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="merge what a stopped run graded but did not merge, instead of regrading it")
     p.add_argument("--force", action="store_true", help="regrade every submission")
+    p.add_argument("--student", action="append", default=None, metavar="NAME",
+                   help="grade only this student's submission, again even if unchanged since its grade (a fix "
+                   "to the lab, an extension's late hand-in); the rest of the class is left as it is; repeatable")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one submission may take; past it, it is stopped and listed as failed to grade "
                    "(default: the course's Execute.timeout for each code cell of the lab's notebooks and twice "
@@ -69,11 +72,12 @@ def main(argv: list[str]) -> int:
             progress = grade_class_on_slurm(args.root, args.lab, args.partition, args.account, args.time_limit,
                                             args.cpus_per_task, args.chunk or 1, args.resume, args.force,
                                             args.timeout, mem=args.mem_per_task, throttle=args.throttle,
-                                            reservation=args.reservation, qos=args.qos)
+                                            reservation=args.reservation, qos=args.qos, students=args.student)
         else:
             from .run import grade_class
 
-            progress = grade_class(args.root, args.lab, args.workers, args.resume, args.force, args.timeout)
+            progress = grade_class(args.root, args.lab, args.workers, args.resume, args.force, args.timeout,
+                                   students=args.student)
     except inputs.CourseError as exc:
         print(f"parlab grade: {exc}", file=sys.stderr)
         return 2

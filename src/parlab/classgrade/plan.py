@@ -1,8 +1,9 @@
 """What one run of ``parlab grade`` grades, for either scheduler (local workers or a Slurm array).
 
 ``select`` finds the submissions that have no merged grade, changed since
-it, or lost their ``autograded/`` folder (all of them with ``force``), and
-the ones turned away as bad input.  ``begin`` then ends what a run that was
+it, or lost their ``autograded/`` folder (all of them with ``force``; only
+the named students', graded again, with ``students``), and the ones turned
+away as bad input.  ``begin`` then ends what a run that was
 killed outright may have left (its local workers, its Slurm array job),
 snapshots the gradebook for the course copies and, with ``resume``, merges
 the copies that run had finished grading; what is left is the queue.
@@ -27,17 +28,37 @@ def require_boundary(root: Path) -> None:
             raise inputs.CourseError(str(exc)) from None
 
 
-def select(root: Path, lab: str, force: bool, out=None) -> tuple[inputs.Course, list[inputs.Submission], Progress]:
+def select(root: Path, lab: str, force: bool, out=None,
+           students: list[str] | None = None) -> tuple[inputs.Course, list[inputs.Submission], Progress]:
     c = inputs.course(root)
     require_boundary(c.root)
     a = inputs.assignment(c, lab)
     subs, rejected = inputs.find(c, a)
-    todo = [s for s in subs if force or not merge.up_to_date(c, s)]
+    if students:
+        subs, rejected = only(students, lab, subs, rejected)
+    todo = [s for s in subs if force or students or not merge.up_to_date(c, s)]
     progress = Progress(lab, [s.student for s in todo], out)
     progress.rejected = {r.student: r.reason for r in rejected}
     progress.skipped = [s.student for s in subs if s not in todo]
-    progress.absent = inputs.absent(a, subs, rejected)
+    progress.absent = [] if students else inputs.absent(a, subs, rejected)
     return c, todo, progress
+
+
+def only(students: list[str], lab: str, subs: list[inputs.Submission],
+         rejected: list[inputs.Rejected]) -> tuple[list[inputs.Submission], list[inputs.Rejected]]:
+    """The named students' submissions and rejections (``--student``): the rest of the class is left alone.
+
+    A named submission is graded again even when unchanged since its grade
+    (``select``): the lab's checks were fixed, or an extension's late
+    submission is to be graded alone.  A name with nothing under
+    ``submitted/`` is a CourseError saying to collect it first.
+    """
+    handed_in = {s.student for s in subs} | {r.student for r in rejected}
+    missing = [s for s in dict.fromkeys(students) if s not in handed_in]
+    if missing:
+        raise inputs.CourseError(f"no submission of {lab} from {', '.join(missing)} (submitted/<student>/{lab}); "
+                                 f"collect it first: nbgrader collect {lab} --student <student>")
+    return [s for s in subs if s.student in students], [r for r in rejected if r.student in students]
 
 
 #: Seconds added to the default ``--timeout``: starting the kernel and the boxes, nbgrader's own steps

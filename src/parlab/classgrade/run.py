@@ -4,6 +4,7 @@
     parlab grade 00-setup --workers 4
     parlab grade 00-setup --resume        # also merge copies a stopped run graded but did not merge
     parlab grade 00-setup --force         # regrade everything
+    parlab grade 00-setup --student ada   # regrade ada's submission only, even if unchanged
 
 Each submission is graded by a worker process of its own (``worker``), in
 its own session, so that it, its kernel and its sandbox's ranks end
@@ -73,8 +74,9 @@ def _start(c: inputs.Course, sub: inputs.Submission, template: Path) -> Running:
 
 
 def grade_class(root: Path, lab: str, workers: int | None = None, resume: bool = False,
-                force: bool = False, timeout: float | None = None, out=None) -> Progress:
-    c, todo, progress = plan.select(root, lab, force, out)
+                force: bool = False, timeout: float | None = None, out=None,
+                students: list[str] | None = None) -> Progress:
+    c, todo, progress = plan.select(root, lab, force, out, students)
     n = workers or default_workers(lab)
     timeout = plan.submission_timeout(c, lab, timeout)
     plan.announce(c, lab, todo, progress, f"with {n} worker{'s' * (n != 1)}", timeout)

@@ -9,8 +9,10 @@ server through the hub's REST API, and from a kernel of that server
 (``probe.py``, as that student, inside that server's limits) checks what the
 course promises; then grades lab 00's solution and one hostile submission
 the way docs/jupyterhub.md says to grade (as root, outside any server, no
-GPU).  One line per check, ``ok`` or ``FAIL`` with the remedy (``skip``
-with why, for a check that cannot run here); the same lines go to a report
+GPU); where the host has GPUs and Slurm, launches NCCL on 2, 4 and 8 GPUs
+through the queue from the student's server (``gpu_queue``).  One line per
+check, ``ok`` or ``FAIL`` with the remedy (``skip`` with why, for a check
+that cannot run here); the same lines go to a report
 file; the throw-away student is removed whatever happens.  Exit status 0
 when nothing failed.
 
@@ -37,7 +39,7 @@ import urllib.error
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import probe
+from . import gpu_queue, probe
 
 LAB = "00-setup"
 #: One solution cell of the hostile submission becomes this: it reaches for the gradebook and the
@@ -505,12 +507,41 @@ def check_grading(report: Report, course: Path, workers: int) -> None:
                   f"{top[1]:g}; the hostile submission reached none of the gradebook, the solutions or the host's /tmp")
 
 
-def check_gpu_queue(report: Report) -> None:
-    if not (shutil.which("nvidia-smi") and shutil.which("sinfo")):
-        report.skip("gpu-queue", "no GPUs and Slurm here (nvidia-smi, sinfo): no NCCL launch through the queue to run")
-    else:
-        report.skip("gpu-queue", "NCCL launches through the queue are not part of preflight yet: run "
-                    "`make test-gpu` and the queue cells of labs 01 and 04 on the host (docs/jupyterhub.md)")
+def check_gpu_queue(report: Report, run_in_server, gpus: tuple[int, str] | None = None) -> None:
+    """NCCL launches of 2, 4 and 8 GPUs through the queue from the student's server (``gpu_queue``).
+
+    ``run_in_server(code, timeout)``: the stdout of ``code`` run in a kernel of the student's server.
+    Skipped, saying why, on a host without GPUs or without Slurm's client.
+    """
+    count, how = gpu_queue.host_gpus() if gpus is None else gpus
+    if not count:
+        report.skip("gpu-queue", f"no GPU on this host ({how}): no NCCL launch through the queue to run")
+        return
+    if not shutil.which("sinfo"):
+        report.skip("gpu-queue", f"{count} GPUs ({how}) but no Slurm queue (sinfo not found): the labs' queue "
+                    "cells have nothing to queue on; docs/jupyterhub.md, A Slurm queue for the 8 GPUs")
+        return
+    sizes = [n for n in gpu_queue.SIZES if n <= count]
+    timeout = 900 * len(sizes)
+    code = ("import json as _j\nfrom parlab.preflight import gpu_queue as _g\n"
+            f"print('PREFLIGHT-GPU ' + _j.dumps(_g.through_queue({sizes!r})))\n")
+    try:
+        out = run_in_server(code, timeout)
+        line = next(x for x in out.splitlines() if x.startswith("PREFLIGHT-GPU "))
+        results = json.loads(line.split(" ", 1)[1])
+    except Exception as e:  # noqa: BLE001 - whatever stops the launches is the finding
+        report.fail("gpu-queue", f"the launches through the queue did not report: {type(e).__name__}: "
+                    f"{str(e)[-800:]}", "run a lab's queue cell by hand; see the hub's and slurmctld's logs")
+        return
+    remedy = ("check the node's NVLink (nvidia-smi topo -m: NV18 between every pair), the launch with "
+              "NCCL_DEBUG=INFO, and Slurm's gres.conf (docs/jupyterhub.md, A Slurm queue for the 8 GPUs)")
+    for status, text in gpu_queue.verdicts(results):
+        if status == "ok":
+            report.ok("gpu-queue", text)
+        else:
+            report.fail("gpu-queue", text, remedy)
+    for n in (n for n in gpu_queue.SIZES if n > count):
+        report.skip("gpu-queue", f"{n} GPUs: the host has {count}")
 
 
 # ---------------------------------------------------------------- the run
@@ -620,7 +651,14 @@ def main(argv: list[str] | None = None) -> int:
             report.fail("grading", "not run: no bwrap to box the submissions", "apt-get install bubblewrap")
         check_culler(report, hub)
         check_late_penalty(report, args.hub_dir)
-        check_gpu_queue(report)
+
+        def run_in_server(code: str, timeout: float) -> str:
+            with kernel_api.UserKernel(f"{args.url}/user/{student.name}", user_token) as k:
+                done = k.execute(code, timeout=timeout)
+            if done.status != "ok":
+                raise RuntimeError(done.error[-1500:] or done.stderr[-1500:])
+            return done.stdout
+        check_gpu_queue(report, run_in_server)
     except Exception as e:  # noqa: BLE001 - a run that cannot go on says where it stopped
         report.fail("preflight", f"stopped: {type(e).__name__}: {str(e)[-1500:]}", "see the hub's log and this report")
     finally:
