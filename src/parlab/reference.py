@@ -22,6 +22,11 @@ Conventions of the recorded dicts (names as ``model.named_parameters()``):
 - A tied matrix is one Parameter, and ``named_parameters`` lists it once,
   under the first name it was registered as: the input embedding
   (``tok_emb.weight`` for parlab's GPT, ``transformer.wte.weight`` for GPT-2).
+
+A variant of the training step (a clipped gradient, a scaled loss, another
+loss) is a ``backward`` function passed to ``reference_steps``, written where
+the exercise is declared, and another optimizer is an ``optimizer`` factory:
+neither needs a new keyword here.
 """
 from __future__ import annotations
 
@@ -105,6 +110,20 @@ def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters()}
 
 
+Backward = Callable[[nn.Module, torch.Tensor, torch.Tensor, int], float]
+
+
+def mean_backward(net: nn.Module, x: torch.Tensor, y: torch.Tensor, grad_accum: int) -> float:
+    """The default step's gradients: ``(x, y)`` in ``grad_accum`` equal micro-batches, each loss
+    divided by ``grad_accum`` before its backward; returns the full-batch mean loss."""
+    total = 0.0
+    for xm, ym in microbatches((x, y), grad_accum):
+        loss = lm_loss(net, xm, ym) / grad_accum
+        loss.backward()
+        total += loss.item()
+    return total
+
+
 def reference_steps(
     model: ModelSpec = "gpt",
     steps: int = 3,
@@ -114,6 +133,7 @@ def reference_steps(
     seed: int = 0,
     seq_len: int = 32,
     grad_accum: int = 1,
+    backward: Backward = mean_backward,
 ) -> Reference:
     """Train ``steps`` steps on full batches in this process and record them.
 
@@ -126,6 +146,12 @@ def reference_steps(
     (``parlab.data.microbatches``) and each micro-batch loss is divided by k
     before ``backward``, so the summed gradient is the full-batch mean
     gradient, and the recorded loss is the full-batch mean loss.
+
+    ``backward(net, x, y, grad_accum)`` fills the gradients of one step
+    (they are zeroed before it) and returns the loss to record; the default
+    is ``mean_backward``.  A variant composes it: clip after it, or scale
+    the loss inside its own.  The gradients recorded are the ones it leaves,
+    the ones the optimizer step uses.
     """
     net = make_model(model, seed).train()
     trainable = [p for p in net.parameters() if p.requires_grad]
@@ -133,17 +159,14 @@ def reference_steps(
     ref = Reference(initial=_snapshot(net), settings=dict(
         model=model if isinstance(model, str) else type(net).__name__, steps=steps,
         batch_size=batch_size, lr=opt.param_groups[0]["lr"], optimizer=optimizer,
-        seed=seed, seq_len=seq_len, grad_accum=grad_accum))
+        seed=seed, seq_len=seq_len, grad_accum=grad_accum,
+        backward=getattr(backward, "__name__", type(backward).__name__)))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # only matters if the model uses dropout
         for step in range(steps):
             x, y = get_batch(step, batch_size, seq_len, seed)
             opt.zero_grad(set_to_none=True)
-            total = 0.0
-            for xm, ym in microbatches((x, y), grad_accum):
-                loss = lm_loss(net, xm, ym) / grad_accum
-                loss.backward()
-                total += loss.item()
+            total = float(backward(net, x, y, grad_accum))
             grads = {n: p.grad.detach().cpu().clone()
                      for n, p in net.named_parameters() if p.grad is not None}
             opt.step()

@@ -9,6 +9,7 @@ on one gloo rank, which is the GPU tier's world-size-1 test with gloo for NCCL.
 import pytest
 
 import parlab
+from parlab.grading import lab02
 from lab_solutions import checked_answers, one_rank_exercises, resolve_check, solution_answers
 from strict import strict_ranks, wrong_device_then_right  # noqa: F401 - fixture
 from train_step import sgd_step
@@ -26,7 +27,9 @@ def test_strict_spy_refuses_a_tensor_off_the_rank_device(strict_ranks):
 def test_solution_answers_and_their_checks_are_found():
     answers = solution_answers("02-data-parallel")
     pairs = checked_answers("02-data-parallel")
-    assert ("lab02.check_bucketed", "BucketedDP") in pairs and len(pairs) == 7
+    assert ("lab02.check_bucketed", "BucketedDP") in pairs
+    assert len(pairs) == len(lab02.EXERCISES) and \
+        {resolve_check(dotted).exercise for dotted, _ in pairs} == set(lab02.EXERCISES.values())  # one pair each
     assert all(name in answers and callable(resolve_check(dotted)) for dotted, name in pairs)
     assert answers["my_batch"].__globals__["dist"].__name__ == "torch.distributed"  # imports came along
     numbers = solution_answers("00-setup")  # lab 00's arithmetic checks run in-process

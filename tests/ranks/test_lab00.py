@@ -62,16 +62,17 @@ class TestAnswers(AnswerSuite):
             return found
         return {key: [notebook_solution(key), *found.get(key, [])] for key in self.exercises}
 
-    def test_printing_answers_are_right_but_for_the_rule(self, visible):
+    @pytest.mark.parametrize("key", ["hello"], ids=["hello-printing"])  # -k "[hello-" selects it
+    def test_printing_answers_are_right_but_for_the_rule(self, visible, key):
         for answer in PRINTING:
-            message = visible[("hello", answer.__name__)]
+            message = visible[(key, answer.__name__)]
             assert "gives the right values" in message and hello.PRINTS.says in message, message
 
-    def test_the_hidden_cases_alone_catch_every_wrong_answer(self, hidden):
-        for key, pairs in answers.WRONG.items():
-            for answer, _ in pairs:
-                message = hidden[(key, answer.__name__)]
-                assert message is not None, f"{answer.__name__} passed the hidden {key} check"
+    @pytest.mark.parametrize("key", list(answers.WRONG), ids=lambda key: f"{key}-hidden")
+    def test_the_hidden_cases_alone_catch_every_wrong_answer(self, hidden, key):
+        for answer, _ in answers.WRONG[key]:
+            message = hidden[(key, answer.__name__)]
+            assert message is not None, f"{answer.__name__} passed the hidden {key} check"
 
 
 def test_public_checks_pass_and_fail_like_the_batch(capsys):

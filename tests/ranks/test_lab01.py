@@ -21,12 +21,14 @@ class TestAnswers(AnswerSuite):
     answers = answers
     alone_timeout = 16
 
-    def test_messages_name_case_and_rank(self, visible):
-        msg = visible[("rs_ag", "rs_ag_forgets_remainder")]
+    @pytest.mark.parametrize("key,answer", [("rs_ag", "rs_ag_forgets_remainder")])
+    def test_messages_name_case_and_rank(self, visible, key, answer):
+        msg = visible[(key, answer)]
         assert "numel 10" in msg and "world_size 4" in msg and "rank 0" in msg, msg
 
-    def test_rule_messages_quote_the_notebook(self, visible):
-        msg = visible[("ring", "ring_uses_all_reduce")]
+    @pytest.mark.parametrize("key,answer", [("ring", "ring_uses_all_reduce")])
+    def test_rule_messages_quote_the_notebook(self, visible, key, answer):
+        msg = visible[(key, answer)]
         assert "right values" in msg and 'The exercise says: "Use only `dist.send`' in msg, msg
 
 

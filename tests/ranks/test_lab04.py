@@ -21,7 +21,8 @@ class TestAnswers(AnswerSuite):
     answers = answers
     alone_timeout = 40
 
-    def test_schedule_rule_quotes_the_notebook(self, visible):
-        msg = visible[("1f1b", "ofob_all_forward_first")]
+    @pytest.mark.parametrize("key,answer", [("1f1b", "ofob_all_forward_first")])
+    def test_schedule_rule_quotes_the_notebook(self, visible, key, answer):
+        msg = visible[(key, answer)]
         assert "right values" in msg and 'The exercise says: "Stage r runs min(p − r − 1, m)' in msg, msg
         assert "stage 0 ran 8 forwards before its first backward" in msg, msg

@@ -97,3 +97,20 @@ def test_adamw_and_bad_optimizer():
                            ref.initial["blocks.0.attn.q.weight"])
     with pytest.raises(ValueError, match="unknown optimizer"):
         reference_steps("gpt", steps=1, optimizer="lion")
+
+
+def test_backward_variant_records_what_the_optimizer_used():
+    """A variant step (here clipping) is a function passed in; the recorded gradients are the clipped ones."""
+    from parlab.reference import mean_backward
+
+    def clipped(net, x, y, k):
+        loss = mean_backward(net, x, y, k)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.01)
+        return loss
+
+    plain, ref = reference_steps("gpt", steps=1), reference_steps("gpt", steps=1, backward=clipped)
+    assert ref.losses == plain.losses and ref.settings["backward"] == "clipped"
+    assert torch.linalg.vector_norm(torch.cat([g.reshape(-1) for g in ref.grads[0].values()])) <= 0.01 + 1e-6
+    for n, p0 in ref.initial.items():
+        assert torch.allclose(ref.params[0][n], p0 - 0.1 * ref.grads[0][n], atol=1e-7)
+    assert not _close(ref.grads[0], plain.grads[0])

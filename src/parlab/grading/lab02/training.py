@@ -7,16 +7,24 @@ a result of thousands of small tensors is slow to send back.  SGD, not AdamW:
 multi-rank gradients agree with the reference to about 1e-8, and AdamW would
 magnify that noise.
 
-Here, ``grade_trained`` compares every rank after EVERY step with
-``parlab.reference.reference_steps`` (the full batch in one process): first the
-flat vectors in two comparisons, and only when they differ the named comparison
-of ``parlab.check``, a known scale factor's meaning (the exercise's ``scales``) or
-the exercise's hint.  Hints read plain results only and never raise, whatever a
-rank returned; the ones several exercises give are here too.
+Here, ``grade_trained`` compares every rank after EVERY step with a single-process
+run on the full batch, by default ``reference`` (``parlab.reference.reference_steps``
+with plain SGD): first the flat vectors in two comparisons, and only when they
+differ the named comparison of ``parlab.check``, a known scale factor's meaning (the
+exercise's ``scales``) or the exercise's hint.  Hints read plain results only and
+never raise, whatever a rank returned; the ones several exercises give are here too.
+
+A variant exercise (another optimizer, a clipped gradient, a scaled loss) passes
+its own reference to ``grade_trained``: a function ``(case, seed) -> Reference``,
+or a dict of ``reference_steps`` keywords that replace the default's (for example
+``{"backward": clipped}``, a function the exercise's module defines), and, on the
+ranks, its optimizer to ``setup``.  ``parlab.reference`` ships to students: a
+variant adds nothing there.
 """
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -25,6 +33,7 @@ import torch.nn as nn
 from ... import check
 from ...data import get_batch, shard_batch
 from ...launch.runtime import device
+from ...reference import Reference, reference_steps
 from ..diagnosis import diagnose, scale_fits
 from ..harness import Graded
 from .case import DATA_SEED, INIT_SEED, Case
@@ -47,9 +56,12 @@ def packed_grads(model: nn.Module) -> dict:
             "none": [n for n, p in trainable if p.grad is None]}
 
 
-def setup(case: Case, seed: int):
+def setup(case: Case, seed: int, optimizer: Callable | None = None):
+    """The case's model on this rank's device and its optimizer: plain SGD, or
+    ``optimizer(params, lr=case.lr)`` (the convention of ``reference_steps``' factories)."""
     model = case.build(seed).to(device())
-    return model, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=case.lr)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, (optimizer or torch.optim.SGD)(params, lr=case.lr)
 
 
 def local_batch(case: Case, step: int):
@@ -67,23 +79,54 @@ def step_result(model, opt) -> dict:
 
 
 # ---------------------------------------------------------------- the reference
+#: What a training grader compares with: ``(case, seed) -> parlab.reference.Reference``.
+ReferenceFn = Callable[[Case, int], Reference]
+
+
+def reference_run(case: Case, seed: int, **spec) -> Reference:
+    """The case's single-process run on the full batch: ``reference_steps`` on the case's model,
+    batch layout and learning rate; ``spec`` replaces any of its keywords (``optimizer``,
+    ``backward``, ...)."""
+    settings = dict(steps=case.steps, batch_size=case.batch, lr=case.lr, seed=DATA_SEED,
+                    seq_len=case.seq)
+    return reference_steps(lambda: case.build(seed), **{**settings, **spec})
+
+
 @functools.lru_cache(maxsize=64)
-def reference(case: Case, seed: int):
-    """The single-process run a case is compared with (cached: many answers share it)."""
-    from ...reference import reference_steps
+def reference(case: Case, seed: int) -> Reference:
+    """The default reference: plain SGD, the mean loss (cached: many answers share it)."""
+    return reference_run(case, seed)
 
-    return reference_steps(lambda: case.build(seed), steps=case.steps, batch_size=case.batch,
-                           lr=case.lr, seed=DATA_SEED, seq_len=case.seq)
+
+def as_reference(ref: ReferenceFn | Mapping) -> ReferenceFn:
+    """A grader's reference from what an exercise passes: a function ``(case, seed) -> Reference``,
+    or a dict of ``reference_steps`` keywords (``reference_run``'s ``spec``); cached either way."""
+    if ref is reference:
+        return ref
+    if isinstance(ref, Mapping):
+        spec = dict(ref)
+        return functools.lru_cache(maxsize=64)(lambda case, seed: reference_run(case, seed, **spec))
+    if callable(ref):
+        return functools.lru_cache(maxsize=64)(ref)
+    raise TypeError(f"a reference is a function (case, seed) -> Reference or a dict of "
+                    f"reference_steps keywords, not {type(ref).__name__}")
 
 
 @functools.lru_cache(maxsize=64)
-def _layout(case: Case, seed: int) -> tuple[list, list, list]:
-    """(every parameter's (name, shape), the trainable ones, the reference's flat steps)."""
-    model, ref = case.build(seed), reference(case, seed)
+def _names(case: Case, seed: int) -> tuple[list, list]:
+    """(every parameter's (name, shape), the trainable ones), in ``named_parameters`` order."""
+    model = case.build(seed)
     every = [(n, p.shape) for n, p in model.named_parameters()]
     trainable = [(n, p.shape) for n, p in model.named_parameters() if p.requires_grad]
+    return every, trainable
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(ref_fn: ReferenceFn, case: Case, seed: int) -> tuple[list, list, list]:
+    """(every parameter's (name, shape), the trainable ones, the reference's flat steps)."""
+    every, trainable = _names(case, seed)
     steps = [(flat(s.grads.get(n, torch.zeros(shape)) for n, shape in trainable),
-              flat(s.params[n] for n, _ in every)) for s in ref.steps]
+              flat(s.params[n] for n, _ in every)) for s in ref_fn(case, seed).steps]
     return every, trainable, steps
 
 
@@ -100,10 +143,10 @@ def _ratio(f: float) -> str:
     return f"{round(f)}x" if f >= 1 else f"1/{round(1 / f)} of"
 
 
-def _compare(g: Graded, i: int, case: Case, seed: int, scales, hint) -> str | None:
+def _compare(g: Graded, i: int, case: Case, seed: int, scales, hint, ref_fn: ReferenceFn) -> str | None:
     """The first step at which a rank's gradients or parameters leave the reference."""
-    runs, ref = g.at(i), reference(case, seed)
-    every, trainable, expected = _layout(case, seed)
+    runs, ref = g.at(i), ref_fn(case, seed)
+    every, trainable, expected = _layout(ref_fn, case, seed)
     for r, steps in enumerate(runs):
         if len(steps) != len(ref.steps):
             return f"rank {r} took {len(steps)} optimizer steps, expected {len(ref.steps)}."
@@ -152,16 +195,21 @@ def _scale_named(g: Graded, i: int, s: int, trainable, want: dict, scales) -> st
     return diagnose(pieces)
 
 
-def grade_trained(seed: int, scales, hint):
+def grade_trained(seed: int, scales, hint, reference: ReferenceFn | Mapping = reference):
     """The grader of a training exercise whose ranks start from ``seed`` (0, or ``INIT_SEED + rank``
     compared with rank 0's model).  ``scales(case, n)`` lists ``(gradient / reference, what it
-    means)``; ``hint(g, i, case, step, rank)`` explains any other miss, or returns ""."""
+    means)``; ``hint(g, i, case, step, rank)`` explains any other miss, or returns "".
+    ``reference`` is what the ranks must reproduce (see ``as_reference``); by default one
+    process with plain SGD on the mean loss."""
+    ref_fn = as_reference(reference)
+
     def grade(g: Graded) -> str | None:
         for i, case in enumerate(g.cases):
-            msg = _compare(g, i, case, seed, scales, hint)
+            msg = _compare(g, i, case, seed, scales, hint, ref_fn)
             if msg:
                 return f"{g.name} is wrong for {case.describe(g.n)}: {msg}"
         return None
+    grade.reference = ref_fn  # what it compares with: (case, seed) -> Reference
     return grade
 
 
@@ -196,7 +244,7 @@ def started_from(g: Graded, i: int, case: Case, seed: int) -> list[str]:
     Read from the evidence: with plain SGD the weights before a step are the weights after it
     plus lr × the gradient it used (frozen parameters do not move).
     """
-    every, trainable, _ = _layout(case, seed)
+    every, trainable = _names(case, seed)
     names = [n for n, _ in every]
     sizes = [shape.numel() for _, shape in every]
     out = []
