@@ -382,12 +382,15 @@ def test_killed_kernel_takes_its_ranks_with_it(tmp_path):
 
 
 def torchrun_of(rank_pid: int) -> int:
-    """The torchrun agent above a rank: its parent, or (forked through the kernel's fork server) the
-    parent of multiprocessing's fork server, which is the rank's parent."""
+    """The torchrun agent above a rank: its parent when started cold (``-m parlab.launch.agent``), else
+    the parent of the rank's parent, multiprocessing's fork server (forked from the agent, so with the
+    kernel's fork server's command line, or started by multiprocessing)."""
     import psutil
 
     parent = psutil.Process(rank_pid).parent()
-    return parent.ppid() if "multiprocessing.forkserver" in " ".join(parent.cmdline()) else parent.pid
+    forked = any(name in " ".join(parent.cmdline())
+                 for name in ("multiprocessing.forkserver", "parlab.launch.fork_server"))
+    return parent.ppid() if forked else parent.pid
 
 
 def test_killed_torchrun_is_reported_and_its_ranks_end(tmp_path):

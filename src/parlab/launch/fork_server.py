@@ -417,6 +417,62 @@ def _short_socket_folder() -> None:
         tempfile.tempdir = None
 
 
+#: What multiprocessing's fork server looks like in the Pythons ``_fork_the_ranks_server`` was checked on
+#: (3.11 to 3.13): its state, and the parameters of the function its process runs.
+_MP_FORKSERVER_STATE = {"_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_inherited_fds",
+                        "_lock", "_preload_modules"}
+_MP_FORKSERVER_MAIN = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
+
+
+def _fork_the_ranks_server() -> bool:
+    """Fork multiprocessing's fork server from this agent, before torchrun starts a thread.
+
+    torchrun's ``--start-method=forkserver`` asks multiprocessing's fork server for each rank, and
+    multiprocessing would start that server as a new interpreter that imports torch again (about
+    1.5 s of every launch).  At this point the agent is a one-thread copy of the kernel's fork server
+    with torch imported: forking here gives the same single-threaded server at once.  It runs
+    multiprocessing's own server loop (``forkserver.main``) on a socket and an "alive" pipe made as
+    multiprocessing makes them, and is handed to multiprocessing as the server it would have started
+    (so ``ensure_running`` finds it alive and the ranks come from it).  It dies with this agent.
+    Where threads already run or multiprocessing's internals differ from those this was checked on,
+    nothing is forked (False) and multiprocessing starts its interpreter as it would have.
+    """
+    import inspect
+    from multiprocessing import connection, forkserver, util
+
+    from .procs import die_with_parent
+
+    server = forkserver._forkserver
+    if (threading.active_count() != 1 or set(vars(server)) != _MP_FORKSERVER_STATE
+            or server._forkserver_pid is not None
+            or tuple(inspect.signature(forkserver.main).parameters) != _MP_FORKSERVER_MAIN):
+        return False
+    with socket.socket(socket.AF_UNIX) as listener:
+        address = connection.arbitrary_address("AF_UNIX")
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the ranks' fork server
+            code = 1
+            try:
+                os.close(alive_w)
+                die_with_parent(None, watch=False)  # no thread: it forks the ranks
+                forkserver.main(listener.fileno(), alive_r, [], None, None)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0
+            finally:
+                os._exit(code)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
+    util.debug("parlab: forked multiprocessing's fork server, pid %d", pid)
+    return True
+
+
 def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     """In the forked child: drop the server's ends, take the launch's world, run torchrun."""
     import tempfile
@@ -451,6 +507,7 @@ def _become_agent(request: dict, sock: socket.socket, selector) -> int:
     # with nothing but one thread, where these modules are imported once per launch (see PRELOAD).
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD) + ["parlab.launch.forkserver_tie"])
     _short_socket_folder()
+    _fork_the_ranks_server()
     from .agent import main
 
     try:

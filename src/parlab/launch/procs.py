@@ -183,12 +183,14 @@ def end_processes(procs: list[tuple[int, str | None]], grace: float = 2.0) -> No
         signal_group(pid, token, signal.SIGKILL)
 
 
-def die_with_parent(expected_parent: int | None) -> None:
+def die_with_parent(expected_parent: int | None, watch: bool = True) -> None:
     """Make this process die when its parent does.
 
     On Linux the kernel sends SIGKILL through PR_SET_PDEATHSIG.  Everywhere a
     daemon thread also polls the parent pid, which covers macOS and the race
-    where the parent died before the prctl call.
+    where the parent died before the prctl call.  ``watch=False`` (Linux only)
+    starts no thread, for a process that must stay single-threaded because it
+    forks others: the race is then covered by checking the parent once, after the prctl.
     """
     if sys.platform.startswith("linux"):
         try:
@@ -199,11 +201,13 @@ def die_with_parent(expected_parent: int | None) -> None:
     parent = expected_parent or os.getppid()
     if os.getppid() != parent:
         os._exit(1)
+    if not watch and sys.platform.startswith("linux"):
+        return
 
-    def watch() -> None:
+    def watch_parent() -> None:
         while True:
             time.sleep(0.5)
             if os.getppid() != parent:
                 os._exit(1)
 
-    threading.Thread(target=watch, name="parlab-parent-watch", daemon=True).start()
+    threading.Thread(target=watch_parent, name="parlab-parent-watch", daemon=True).start()
