@@ -312,6 +312,30 @@ def zero3_comm_elems(n_params: float, dp: int, exact: bool = True) -> float:
     return _ring(3, n_params, dp, exact)
 
 
+def hsdp_comm_elems(n_params: float, replicate: int, shard: int, exact: bool = True) -> dict[str, float]:
+    """Per-rank elements per step under HSDP, by mesh axis: {"shard": ..., "replicate": ...}.
+
+    Hybrid sharding (Zhao et al. 2023, "PyTorch FSDP: Experiences on Scaling Fully
+    Sharded Data Parallel", VLDB, §3.2.2): ZeRO-3 inside each group of ``shard``
+    ranks, the groups ``replicate`` copies of each other.  Inside a group: the
+    weights all-gathered in forward and again in backward and the gradients
+    reduce-scattered, ``zero3_comm_elems(Ψ, shard)`` = 3(S-1)/S·Ψ; across the
+    groups: an all-reduce of each rank's gradient shard, ``dp_comm_elems(Ψ/S, R)`` =
+    2(R-1)/R·Ψ/S.  replicate = 1 is FSDP; shard = 1 is plain DP.
+    """
+    _at_least_one("shard", shard)
+    return {"shard": zero3_comm_elems(n_params, shard, exact),
+            "replicate": dp_comm_elems(n_params / shard, replicate, exact)}
+
+
+def hsdp_memory_per_gpu(n_params: float, replicate: int, shard: int, weight_bytes: float = 2,
+                        grad_bytes: float = 2, optim_bytes: float = 12) -> float:
+    """Model-state bytes per GPU under HSDP: ZeRO-3 over the ``shard`` ranks of a group, whatever
+    ``replicate`` is (Zhao et al. 2023, §3.2.2): ``zero_memory_per_gpu(Ψ, shard, 3, ...)``."""
+    _at_least_one("replicate", replicate)
+    return zero_memory_per_gpu(n_params, shard, 3, weight_bytes, grad_bytes, optim_bytes)
+
+
 def zero_comm_elems(n_params: float, dp: int, stage: int, exact: bool = True, micro_batches: int = 1) -> float:
     """Per-rank elements per step for ZeRO stage 0-3 with ``micro_batches`` = k per step.
 

@@ -7,18 +7,22 @@ torch and the launcher once and then waits on a socket pair that only the
 kernel holds.  For each launch it forks one child that runs torchrun, the
 unchanged CLI, with ``--start-method=forkserver --run-path worker.py``:
 torchrun's own options for starting the ranks by fork, here from
-multiprocessing's fork server (one fresh, single-purpose interpreter per
-launch that imports ``PRELOAD``), never from the agent, whose threads could
-hold a lock at the fork.
+multiprocessing's fork server, never from the agent, whose threads could
+hold a lock at the fork.  That fork server is itself forked from the agent
+before torchrun starts any thread (``_fork_the_ranks_server``): a one-thread
+copy of this server, torch imported, running multiprocessing's own server loop
+(where that cannot be done, multiprocessing starts it as a fresh interpreter
+that imports ``PRELOAD``).
 So every launch still gets new processes, a new rendezvous, torchrun's
 environment and failure summary, and its own folder; nothing survives from
 the launch before, because the server itself never runs a task, never touches
 a GPU (CUDA starts in a rank, after the fork) and never forks the kernel.
 
 What replaces what: the agent is ``fork()`` of this server instead of
-``exec(python -m parlab.launch.agent)``, and the ranks are forked from one
-interpreter per launch instead of each exec-ing ``python -m
-parlab.launch.worker``.  Nothing else of torchrun is replaced.
+``exec(python -m parlab.launch.agent)``, multiprocessing's fork server is a
+fork of the agent instead of a new interpreter, and the ranks are forked from
+it instead of each exec-ing ``python -m parlab.launch.worker``.  Nothing else
+of torchrun is replaced.
 
 Rules that keep it safe where students share a host:
 - one server per kernel process, its child; it dies with the kernel
