@@ -84,7 +84,11 @@ def run_lanes() -> int:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)  # pytest stops its test and prints its summary
         for proc in procs.values():
-            proc.wait()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # SIGINT ignored (a lane started in the background) or stuck
+                proc.terminate()
+                proc.wait()
         return 130
     for pump in pumps:
         pump.join()

@@ -250,19 +250,40 @@ def _autograde_in_streams(root: Path, labs: list[str], env: dict, timeout: float
                 failures.append(str(err))
 
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        for done in [pool.submit(stream, course) for course in courses]:
-            done.result()
+        try:
+            for done in [pool.submit(stream, course) for course in courses]:
+                done.result()
+        except BaseException:  # Ctrl-C or a pytest timeout: no new lab, and the running ones stopped
+            with lock:
+                queue.clear()
+            for proc in list(_RUNNING):
+                proc.terminate()
+            raise
     if failures:
         raise RuntimeError("\n\n".join(failures))
     return graded_in
 
 
+#: The nbgrader processes of ``_run_here`` running now, so that an interrupted run can end them.
+_RUNNING: set = set()
+
+
 def _run_here(step: str, root: Path, labs: list[str], env: dict, timeout: float) -> float:
     """Run this file's ``step`` for ``labs`` in a fresh Python (nbgrader's apps keep global state)."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, step, str(root), *labs], cwd=root, env=env,
-                          timeout=timeout, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    with subprocess.Popen([sys.executable, __file__, step, str(root), *labs], cwd=root, env=env,
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as popen:
+        _RUNNING.add(popen)
+        try:
+            out, _ = popen.communicate(timeout=timeout)
+        except BaseException:
+            popen.kill()
+            popen.communicate()
+            raise
+        finally:
+            _RUNNING.discard(popen)
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, out)
     if proc.returncode != 0:
         raise RuntimeError(f"nbgrader {step} {' '.join(labs)} failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-6000:]}")
