@@ -319,7 +319,9 @@ def describe() -> str:
 def _serve(fd: int) -> None:
     from .procs import adopt_orphans, die_with_parent
 
-    die_with_parent(int(os.environ.get("PARLAB_KERNEL_PID", "0")) or None)
+    # No watch thread (Linux only, the parent-death signal): the server stays single-threaded, so that
+    # what it forks (an agent, then the ranks' fork server) starts with no lock held by another thread.
+    die_with_parent(int(os.environ.get("PARLAB_KERNEL_PID", "0")) or None, watch=False)
     adopt_orphans()  # an agent that died early hands what its ranks left to this server, which ends it
     sock = socket.socket(fileno=fd)
     try:
