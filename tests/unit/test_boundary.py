@@ -210,3 +210,22 @@ def test_what_the_boxes_write_for_the_grader_is_bounded_and_a_killed_graders_fol
         grader.wait()
     assert boundary.remove_stale_mounts() == 1
     assert f" {where} " not in Path("/proc/self/mountinfo").read_text() and not Path(where).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None, reason="needs root and bwrap")
+def test_a_venv_reached_through_a_link_the_box_hides_still_runs_inside(tmp_path):
+    """A checkout whose ``.venv`` links to a venv elsewhere: the box hides the checkout (here under /tmp),
+    so the interpreter is started inside by its real path, and stays that venv (its packages import)."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    (checkout / ".venv").symlink_to(os.path.realpath(sys.prefix), target_is_directory=True)
+    linked = str(checkout / ".venv" / "bin" / os.path.basename(sys.executable))
+    (tmp_path / "nb").mkdir()
+    code = ("import os, subprocess, sys, tempfile\nfrom pathlib import Path\nfrom parlab.grading.boundary import Box\n"
+            f"box = Box(Path(tempfile.mkdtemp(prefix='parlab-grade-', dir={str(tmp_path)!r})), Path({str(tmp_path / 'nb')!r}))\n"
+            "out = subprocess.run(box.command('kernel') + [sys.executable, '-c', "
+            "'import sys, parlab; print(\"inside\", sys.prefix)'], cwd=" + repr(str(tmp_path / "nb")) + ", "
+            "capture_output=True, text=True, env={**os.environ, 'PARLAB_AUTOGRADE': str(box.handin)})\n"
+            "print(out.returncode, out.stdout.strip(), out.stderr.strip()[-500:])\n")
+    done = subprocess.run([linked, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("0 inside ") and os.path.realpath(sys.prefix) in done.stdout, (done.stdout, done.stderr)

@@ -169,6 +169,16 @@ def _code_paths() -> list[str]:
     return sorted(paths)
 
 
+def _interpreter_inside() -> str:
+    """This interpreter by a path the box has: under the environment's real folder, which ``_code_paths``
+    binds back.  ``sys.executable`` may go through a link that the box hides (a checkout's ``.venv``
+    that links to a venv elsewhere); the venv's own ``bin/python`` under its real folder keeps it a venv."""
+    candidate = os.path.join(os.path.realpath(sys.prefix), "bin", os.path.basename(sys.executable))
+    if os.path.isfile(candidate) and os.path.realpath(candidate) == os.path.realpath(sys.executable):
+        return candidate
+    return sys.executable
+
+
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
@@ -672,7 +682,10 @@ def enter(mode: str, spec: dict, command: list[str]) -> None:
     for folder in writable:
         _hand_over(folder, spec["uid"], spec["gid"])
     _set_limits(spec)
-    inner = [sys.executable, "-m", "parlab.grading.boundary", "inside", str(spec["uid"]), str(spec["gid"]),
+    python = _interpreter_inside()
+    if command and os.path.realpath(command[0]) == os.path.realpath(sys.executable):
+        command = [python, *command[1:]]  # the kernel's or a rank's interpreter: this one, by a path the box has
+    inner = [python, "-m", "parlab.grading.boundary", "inside", str(spec["uid"]), str(spec["gid"]),
              "copy" if mode == "kernel" else "-", "--", *command]
     # bwrap itself gets only the box's environment: its processes' environ holds no token either
     env = _box_env(mode, cwd if mode == "kernel" else os.environ.get("TMPDIR", "/tmp"))
