@@ -16,10 +16,10 @@ A *plan* places a model on a cluster: data-parallel ``dp``, context-parallel
 stage, a micro-batch size, the accumulation steps (micro-batches per step on
 each replica), the recomputation ("none", "selective", "full", and under "full"
 how many layers of each model chunk: ``recompute_layers``, Megatron-LM's block
-method; 0 is every layer), Megatron sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, and the
-precision recipe.  Ranks are ordered as Megatron orders them, tp fastest, then
-cp, dp, pp ("tp-cp-ep-dp-pp", Megatron-Core's RankGenerator; ``parlab.parallel.mesh``
-puts TP innermost the same way).  Every formula lives in ``parlab.cost`` with its source.
+method; 0 is every layer), Megatron sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, the
+precision recipe, and under ZeRO-3 HSDP's shard groups (``shard``).  Ranks are ordered as
+Megatron orders them, tp fastest, then cp, dp, pp ("tp-cp-ep-dp-pp", Megatron-Core's RankGenerator;
+``parlab.parallel.mesh`` puts TP innermost the same way).  Every formula lives in ``parlab.cost`` with its source.
 
 Memory per GPU (decimal bytes), on every pipeline stage; ``memory_breakdown``
 returns the busiest stage's:
@@ -33,7 +33,8 @@ returns the busiest stage's:
         (the default: Megatron-LM's bf16 with fp32 main grads, 18 B/param,
         6 + 12/d with the distributed optimizer) or "zero16" (ZeRO's 2 + 2 + 12;
         the lecture's and lab 05's accounting).  ZeRO shards over dp·cp, as
-        Megatron's distributed optimizer does.
+        Megatron's distributed optimizer does; HSDP (``Plan.shard``) over the shard·cp
+        ranks of its group (``cost.hsdp_memory_per_gpu``).
   activations
         ``cost.activation_bytes_per_layer`` (Korthikanti et al. 2022, Table 2),
         with s/cp tokens per GPU; by default attention never stores its scores
@@ -93,7 +94,12 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            parameter all-gathers the next forward (ZeRO-1/2 ``--overlap-param-gather``,
            FSDP prefetch).  Gradients travel in fp32 under "fp32_grads" (Megatron
            reduces its fp32 grad buffer), weights in bf16.  A MoE model's routed experts
-           reduce over their dp·cp/ep expert-data-parallel ranks only.
+           reduce over their dp·cp/ep expert-data-parallel ranks only.  HSDP (Zhao et al. 2023,
+           §3.2.2; ``Plan.shard``, ``hsdp_comm``): ZeRO-3 over the shard·cp ranks of a group and
+           an all-reduce of each gradient shard over the dp/shard groups, every micro-batch
+           (``cost.hsdp_comm_elems``), each axis at its own link's bandwidth (``hsdp_grid``:
+           torchtitan's mesh, replicate outside shard); the all-reduces run on a stream of their
+           own, so on different links the backward waits for the longer axis (``_hsdp_time``).
   ep       a MoE model under expert parallelism: per MoE layer and micro-batch the four
            all-to-alls of ``cost.ep_comm_elems_per_layer`` (dispatch and combine, forward and
            backward; again the forward's two under "full") for each TP rank's b·s/(cp·tp)
@@ -156,7 +162,7 @@ from . import frameworks
 
 __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", "memory_breakdown", "optimizer_bytes",
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "tp_time", "cp_time", "pp_time", "ep_time", "dp_time",
-           "optimizer_time", "bubble_stages", "ep_comm", "layer_flops", "problems", "ep_problems", "predict",
+           "hsdp_comm", "hsdp_grid", "optimizer_time", "bubble_stages", "ep_comm", "layer_flops", "problems", "ep_problems", "predict",
            "search", "candidates", "simplicity", "grid", "expert_grid", "axis_crosses", "fewest_recomputed", "recomputed_share", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
            "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
 
@@ -496,7 +502,10 @@ DGX_H100 = Cluster(gpus=8)
 class Workload:
     """A model to train on a cluster with ``global_batch`` sequences per optimizer step.
 
-    ``precision`` is the recipe the search uses for its plans ("fp32_grads" by default).
+    ``precision`` is the recipe the search uses for its plans ("fp32_grads" by default).  ``hsdp``: True
+    lets the search (``candidates``, ``search``, ``band``) try HSDP too (``Plan.shard``, every shard
+    dividing dp); False, the default, keeps it to the plans lab 06's exercise searches (docs/planner.md,
+    "HSDP", says where HSDP would win).  ``predict`` prices an HSDP plan either way.
     """
 
     model: ModelSpec
@@ -504,6 +513,7 @@ class Workload:
     global_batch: int
     tokens: float = 0.0  # tokens to train on, for the time to train (0: not asked)
     precision: str = "fp32_grads"
+    hsdp: bool = False
 
     def __post_init__(self) -> None:
         _whole("global_batch", self.global_batch)
@@ -511,6 +521,8 @@ class Workload:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {self.tokens!r}")
+        if not isinstance(self.hsdp, bool):
+            raise ValueError(f"hsdp must be True or False, got {self.hsdp!r}")
 
 
 @dataclass(frozen=True)
@@ -533,7 +545,11 @@ class Plan:
     and Megatron-LM's ``--overlap-moe-expert-parallel-comm`` run them; see ``step_time``), schedule
     ("1f1b", interleaved when v > 1; or "dualpipe", DeepSeek-V3's bidirectional schedule: see
     ``DUALPIPE``), act_cache ("bf16"; or "fp8", DeepSeek-V3's cached activations:
-    ``cost.activation_bytes_per_layer``), why (axis -> one line of reasoning, not compared).
+    ``cost.activation_bytes_per_layer``), shard (HSDP, hybrid sharded data parallelism, with zero=3:
+    ZeRO-3 inside groups of ``shard`` data-parallel ranks, × cp, and those groups ``replicate`` =
+    dp/shard copies of each other, Zhao et al. 2023 §3.2.2; torchtitan's ``data_parallel_shard_degree``
+    and ``data_parallel_replicate_degree``; 0, the default, or dp: plain ZeRO over every dp·cp rank),
+    why (axis -> one line of reasoning, not compared).
     ``micro_batch × accum`` is one replica's rows: dp·micro_batch·accum must
     equal the global batch.
     """
@@ -555,6 +571,7 @@ class Plan:
     ep_overlap: bool = False
     schedule: str = "1f1b"
     act_cache: str = "bf16"
+    shard: int = 0
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -599,10 +616,30 @@ class Plan:
         if self.recompute_layers and self.recompute != "full":
             raise ValueError(f"recompute_layers={self.recompute_layers} (Megatron-LM's block recomputation) "
                              f"needs recompute=\"full\", got {self.recompute!r}")
+        if isinstance(self.shard, bool) or not isinstance(self.shard, int) or self.shard < 0:
+            raise ValueError(f"shard must be a whole number >= 0 (0: plain ZeRO over every rank), "
+                             f"got {self.shard!r}")
+        if self.shard and self.dp % self.shard:
+            raise ValueError(f"shard={self.shard} (HSDP's group of data-parallel ranks) must divide dp={self.dp}")
+        if self.shard == self.dp:  # one group of every rank: plain ZeRO-3, one way to write it
+            object.__setattr__(self, "shard", 0)
+        if self.shard and self.zero != 3:
+            raise ValueError(f"shard={self.shard} is HSDP, ZeRO-3 inside groups of shard ranks: it needs zero=3, "
+                             f"got zero={self.zero} (shard=0 for plain ZeRO-{self.zero})")
 
     @property
     def gpus(self) -> int:
         return self.dp * self.cp * self.tp * self.pp
+
+    @property
+    def replicate(self) -> int:
+        """HSDP's replicate degree, dp/shard: how many copies of each shard group (1: plain ZeRO)."""
+        return self.dp // self.shard if self.shard else 1
+
+    @property
+    def sharded_over(self) -> int:
+        """The ranks the model states are sharded over under ZeRO: HSDP's shard·cp, otherwise dp·cp."""
+        return (self.shard or self.dp) * self.cp
 
     def __str__(self) -> str:
         extra = "".join([f" cp={self.cp}" if self.cp > 1 else "", f" ep={self.ep}" if self.ep > 1 else "",
@@ -612,6 +649,7 @@ class Plan:
                          " FP8-cached activations" if self.act_cache == "fp8" else "",
                          " Adam moments in bf16" if self.precision == "bf16_moments" else "",
                          " SP" if self.sp and self.tp > 1 else "",
+                         f" HSDP shard={self.shard} replicate={self.replicate}" if self.shard else "",
                          f" {self.recompute} recompute" if self.recompute != "none" else "",
                          f" of {self.recompute_layers} layer(s) per {'chunk' if self.v > 1 else 'stage'}"
                          if self.recompute_layers else ""])
@@ -697,6 +735,13 @@ def stage_memory(plan: Plan, model: ModelSpec, rank: int) -> dict[str, float]:
         sharded = plan.zero >= from_stage
         return per_param * (dense / (d if sharded else 1) + experts / (e if sharded else 1))
     weights, grads, optimizer = held(w, 3), held(g, 2), held(o, 1)
+    if plan.shard:  # HSDP: ZeRO-3 inside each group of shard·cp ranks, whatever the replicate degree
+        s, r = plan.sharded_over, plan.replicate
+
+        def hsdp(b: tuple) -> float:
+            return (cost.hsdp_memory_per_gpu(dense, r, s, *b)
+                    + cost.hsdp_memory_per_gpu(experts, r, max(1, s // plan.ep), *b))
+        weights, grads, optimizer = hsdp((w, 0, 0)), hsdp((0, g, 0)), hsdp((0, 0, o))
     m = plan.accum
     if plan.schedule == "dualpipe":
         copies = DUALPIPE["parameter_copies"]
@@ -750,17 +795,29 @@ def expert_grid(plan: Plan) -> Grid:
     return Grid.of(pp=plan.pp, edp=max(1, plan.dp * plan.cp // plan.ep), ep=plan.ep, tp=plan.tp)
 
 
-#: The axes whose collectives the planner prices, as groups of ``grid`` (or ``expert_grid`` for "ep"):
-#: DP's (ZeRO's) group is the dp·cp ranks that share a TP and a pipeline coordinate.
-AXIS_GROUPS = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp", "cp"), "ep": ("ep",)}
+def hsdp_grid(plan: Plan) -> Grid:
+    """The plan's ranks with dp split as HSDP splits it, torchtitan's mesh order ("pp", "dp_replicate",
+    "dp_shard", "cp", "tp"; torchtitan/distributed/parallel_dims.py, ``build_mesh``): a shard group is
+    ``plan.shard`` consecutive dp coordinates × cp (torchtitan's "fsdp" = dp_shard·cp), the replicate
+    groups are shard·cp·tp ranks apart.  The same ranks as ``grid(plan)``; for a plan without HSDP,
+    replicate = 1 and the shard axis is dp."""
+    return Grid.of(pp=plan.pp, replicate=plan.replicate, shard=plan.shard or plan.dp, cp=plan.cp, tp=plan.tp)
+
+
+#: The axes whose collectives the planner prices, as groups of ``grid`` (``expert_grid`` for "ep",
+#: ``hsdp_grid`` for HSDP's "shard" and "replicate"): DP's (ZeRO's) group is the dp·cp ranks that share
+#: a TP and a pipeline coordinate.
+AXIS_GROUPS = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp", "cp"), "ep": ("ep",), "shard": ("shard", "cp"),
+               "replicate": ("replicate",)}
 
 
 def axis_crosses(plan: Plan, c: Cluster, axis: str) -> bool:
-    """Whether a group of ``axis`` ("tp", "cp", "dp" or "ep") leaves its node on ``c``: whether the
-    consecutive ranks it runs over (``Grid.span``) are more than a node's GPUs.  Exact when a node's
-    GPUs are a multiple of the span or the span a multiple of them (every power-of-two layout); with
-    nodes of 6 a group of 4 is taken as inside a node, though one of the groups straddles two."""
-    g = expert_grid(plan) if axis == "ep" else grid(plan)
+    """Whether a group of ``axis`` ("tp", "cp", "dp", "ep", or HSDP's "shard" and "replicate") leaves its
+    node on ``c``: whether the consecutive ranks it runs over (``Grid.span``) are more than a node's GPUs.
+    Exact when a node's GPUs are a multiple of the span or the span a multiple of them (every
+    power-of-two layout); with nodes of 6 a group of 4 is taken as inside a node, though one of the
+    groups straddles two."""
+    g = expert_grid(plan) if axis == "ep" else hsdp_grid(plan) if axis in ("shard", "replicate") else grid(plan)
     return g.span(AXIS_GROUPS[axis]) > c.gpus_per_node
 
 
@@ -1005,9 +1062,54 @@ def dp_time(plan: Plan, work: Workload, st: _Slowest, stage: int) -> float:
     if plan.zero == 2:  # torchtitan's FSDP without resharding after forward: gather + reduce-scatter
         return accum * (max(0.0, ring * BF16 / bw + n_slow * lat - fwd_mb)
                         + max(0.0, ring * g_bytes / bw + n_slow * lat - bwd_mb))
+    if plan.shard:
+        return _hsdp_time(plan, work, n_params, n_slow, fwd_mb, bwd_mb)
     # ZeRO-3/FSDP: per micro-batch, gather (prefetched) in forward and backward, reduce-scatter
     ag, rs = ring * BF16 / bw, ring * g_bytes / bw
     return accum * (max(0.0, ag + n_slow * lat - fwd_mb) + max(0.0, ag + rs + 2 * n_slow * lat - bwd_mb))
+
+
+def _hsdp_passes(plan: Plan, n_params: float) -> dict[str, float]:
+    """Bytes each GPU sends per micro-batch under HSDP for ``n_params`` parameters on it, by pass:
+    ``cost.hsdp_comm_elems`` over the shard·cp ranks of a group and the dp/shard groups; its shard axis
+    is three equal ring passes, two all-gathers of the weights in bf16 (forward, backward) and a
+    reduce-scatter of the gradients in their own precision, and its replicate axis an all-reduce of
+    the gradient shard in that precision."""
+    elems = cost.hsdp_comm_elems(n_params, plan.replicate, plan.sharded_over)
+    g_bytes = cost.PRECISIONS[plan.precision][1]
+    return {"gather": elems["shard"] / 3 * BF16, "reduce_scatter": elems["shard"] / 3 * g_bytes,
+            "all_reduce": elems["replicate"] * g_bytes}
+
+
+def hsdp_comm(plan: Plan, work: Workload, stage: int = 0) -> dict[str, float]:
+    """Bytes each GPU of pipeline stage ``stage`` sends per micro-batch under HSDP (``plan.shard``), by mesh
+    axis: {"shard": two gathers and a reduce-scatter, "replicate": the all-reduce across groups}."""
+    if not plan.shard:
+        raise ValueError(f"hsdp_comm prices HSDP: give the plan a shard (it has dp={plan.dp}, shard=0)")
+    dense, experts = _stage_split(plan, work.model, stage)
+    b = _hsdp_passes(plan, (dense + experts / plan.ep) / plan.tp)
+    return {"shard": 2 * b["gather"] + b["reduce_scatter"], "replicate": b["all_reduce"]}
+
+
+def _hsdp_time(plan: Plan, work: Workload, n_params: float, n_slow: int, fwd_mb: float, bwd_mb: float) -> float:
+    """HSDP's exposed seconds per step for ``n_params`` parameters on this GPU (torch's ``fully_shard`` on a
+    2-D mesh, as torchtitan runs it with gradient accumulation: both axes every micro-batch).  The shard
+    axis is ZeRO-3 over shard·cp ranks: a gather (prefetched) behind each micro-batch's forward, a gather
+    and a reduce-scatter behind its backward, a latency per layer each.  The replicate axis all-reduces
+    each layer's gradient shard after its reduce-scatter, on a stream of its own ("Run the HSDP
+    all-reduces concurrently with all-gather/reduce-scatter since collectives use different network
+    resources", torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): where the two axes run on
+    different links (the shard group inside a node, the replicate groups across nodes) the backward
+    waits for the longer of the two; on one link, for both."""
+    c, b = work.cluster, _hsdp_passes(plan, n_params)
+    s_cross, r_cross = axis_crosses(plan, c, "shard"), axis_crosses(plan, c, "replicate")
+    s_bw, r_bw = _bw(s_cross, c)[0], _bw(r_cross, c)[0]
+    s_lat = n_slow * group_latency(plan.sharded_over, c, s_cross)
+    gather, reduce_scatter = b["gather"] / s_bw + s_lat, b["reduce_scatter"] / s_bw + s_lat
+    all_reduce = b["all_reduce"] / r_bw + n_slow * group_latency(plan.replicate, c, r_cross)
+    shard_axis = gather + reduce_scatter
+    backward = max(shard_axis, all_reduce) if s_cross != r_cross else shard_axis + all_reduce
+    return plan.accum * (max(0.0, gather - fwd_mb) + max(0.0, backward - bwd_mb))
 
 
 def optimizer_time(plan: Plan, work: Workload, stage: int) -> float:
@@ -1017,7 +1119,7 @@ def optimizer_time(plan: Plan, work: Workload, stage: int) -> float:
     if not c.calibrated:
         return 0.0
     dense, experts = _stage_split(plan, work.model, stage)
-    d, t = plan.dp * plan.cp, plan.tp
+    d, t = plan.sharded_over, plan.tp
     updated = (dense / t / (d if plan.zero >= 1 else 1)
                + experts / (t * plan.ep) / (max(1, d // plan.ep) if plan.zero >= 1 else 1))
     return updated * optimizer_bytes(plan) / c.hbm_bandwidth
@@ -1157,6 +1259,10 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
     out.extend(ep_problems(plan, m))
     if plan.zero and plan.dp * plan.cp == 1:
         add("zero", f"ZeRO-{plan.zero} needs more than one data-parallel rank (dp·cp = 1)")
+    elif plan.shard and plan.sharded_over == 1:
+        add("zero", f"HSDP with shard={plan.shard} and cp={plan.cp} shards over one rank: that is plain data "
+                    "parallelism (torchtitan runs DDP when data_parallel_shard_degree = 1): use zero=0, or a "
+                    "larger shard")
     for text in frameworks.unrunnable(plan):
         add("framework", text)
     if not any(p.kind == "gpus" for p in out):
@@ -1236,7 +1342,8 @@ def candidates(work: Workload):
     published runs use it: Llama 3 at 131k, torchtitan from 32k), with s/cp >= 2048 and cp <= 16; for a MoE
     model every ep dividing both dp·cp and the experts (ZeRO-0/1 only under EP); v in (1, 2, 4) where the
     layers split evenly; ZeRO 0-3 where a framework runs it (``planner_frameworks.unrunnable``:
-    not ZeRO-2/3 with pp > 1); recompute "none" and "full", plus
+    not ZeRO-2/3 with pp > 1); with ``Workload(hsdp=True)``, under ZeRO-3 also HSDP over every shard
+    that divides dp (shard·cp > 1); recompute "none" and "full", plus
     "selective" when attention stores its scores (otherwise it equals "none").
     """
     m, c = work.model, work.cluster
@@ -1262,9 +1369,12 @@ def candidates(work: Workload):
                         for zero in (cost.ZERO_STAGES if dp * cp > 1 else (0,)):
                             if ep > 1 and zero >= 2:
                                 continue
-                            for rc in modes:
+                            shards = [0] + ([s for s in _divisors(dp)[:-1] if s * cp > 1]
+                                            if zero == 3 and work.hsdp else [])
+                            for rc, shard in ((rc, shard) for rc in modes for shard in shards):
                                 plan = Plan(dp=dp, tp=tp, pp=pp, zero=zero, micro_batch=mb, accum=accum,
-                                            recompute=rc, cp=cp, v=v, precision=work.precision, ep=ep)
+                                            recompute=rc, cp=cp, v=v, precision=work.precision, ep=ep,
+                                            shard=shard)
                                 if not frameworks.unrunnable(plan):
                                     yield plan
 
@@ -1274,8 +1384,9 @@ _RC_ORDER = {"none": 0, "selective": 1, "full": 2}
 
 
 def simplicity(p: Plan) -> tuple:
-    # Among equally fast plans: the least recomputation, ZeRO-1, less TP, PP, CP, interleaving.
-    return (_RC_ORDER[p.recompute], _ZERO_ORDER[p.zero], p.tp, p.pp, p.cp, p.v, -p.micro_batch)
+    # Among equally fast plans: the least recomputation, ZeRO-1, plain ZeRO-3 before HSDP (fewer replicas
+    # first), less TP, PP, CP, interleaving.
+    return (_RC_ORDER[p.recompute], _ZERO_ORDER[p.zero], p.replicate, p.tp, p.pp, p.cp, p.v, -p.micro_batch)
 
 
 def fewest_recomputed(plan: Plan, work: Workload) -> Plan | None:
@@ -1352,7 +1463,12 @@ def explained(plan: Plan, work: Workload) -> Plan:
         "dp": (f"dp={plan.dp}: the remaining GPUs each take {plan.micro_batch * plan.accum} sequences per step"
                + (f"; cp={plan.cp} splits each sequence" if plan.cp > 1 else "")
                + (f"; ep={plan.ep} of them split the {m.experts} experts ({m.experts // plan.ep} each)"
-                  if plan.ep > 1 else "")),
+                  if plan.ep > 1 else "")
+               + (f"; HSDP: ZeRO-3 inside groups of {plan.sharded_over} ranks ("
+                  + ("inside a node" if not axis_crosses(plan, c, "shard") else "across nodes")
+                  + f"), {plan.replicate} replicas of each all-reducing its gradient shard ("
+                  + ("across nodes" if axis_crosses(plan, c, "replicate") else "inside a node") + ")"
+                  if plan.shard else "")),
         "zero": (f"ZeRO-{plan.zero} ({plan.precision}): model states "
                  f"{(parts['weights'] + parts['grads'] + parts['optimizer']) / 1e9:.1f} GB per GPU, "
                  f"activations {parts['activations'] / 1e9:.1f} GB"

@@ -7,9 +7,9 @@ generations, four frameworks, dense and MoE), so it says how far the model has b
 not how far apart two plans on one cluster must be for it to rank them right.  A plan predicted
 within that share of the best plan's throughput is one the model cannot be trusted to tell from it:
 ``band(work)`` returns them all, ranked, each distinct layout once (``layout_key``: the degrees dp,
-cp, tp, pp, v, ep and the framework that runs it) at its own best ZeRO stage, micro-batch and
-recomputation (the simplest among equal predictions, ``planner.simplicity``), so that no alternative
-is shown at a setting that handicaps it and no layout is counted twice for a setting that changes
+cp, tp, pp, v, ep and the framework that runs it) at its own best ZeRO stage (and HSDP shard),
+micro-batch and recomputation (the simplest among equal predictions, ``planner.simplicity``), so that
+no alternative is shown at a setting that handicaps it and no layout is counted twice for a setting that changes
 nothing.  Among them the
 choice rests on what the model leaves out, and ``Choice.notes`` names it for each plan:
   memory margin   the GB left under the usable HBM (fragmentation, communication buffers and
@@ -32,7 +32,9 @@ __all__ = ["Choice", "Band", "band", "layout_key"]
 
 def layout_key(plan: planner.Plan) -> tuple:
     """The layout of a plan: its degrees (dp, cp, tp, pp, v, ep) and the framework that runs it, without
-    the settings that framework chooses among (ZeRO stage, micro-batch, recomputation)."""
+    the settings that framework chooses among (ZeRO stage and HSDP's shard groups, micro-batch,
+    recomputation: with ``Workload(hsdp=True)`` many shards predict alike, and each would otherwise be
+    a layout of its own)."""
     return (plan.dp, plan.cp, plan.tp, plan.pp, plan.v, plan.ep, frameworks.runs_on(plan))
 
 

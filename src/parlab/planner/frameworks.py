@@ -17,6 +17,21 @@ Which framework takes which plan (precision "fp32_grads", bf16 weights with fp32
              and optimizer states: ZeRO-2's memory, but its weights are all-gathered again in
              every micro-batch's forward (the planner prices that, ``step_time``).
   ZeRO-3     pp = 1: torchtitan's FSDP2 (``data_parallel_shard_degree``), with TP and CP.
+             HSDP (``Plan.shard``): torchtitan's ``data_parallel_replicate_degree`` = dp/shard with
+             ``data_parallel_shard_degree`` = shard (torchtitan/config/configs.py: "If
+             `data_parallel_replicate_degree` is also greater than 1, the parallelism method used
+             is HSDP"), the mesh ("dp_replicate", "dp_shard", "cp", "tp") with FSDP over dp_shard·cp.
+             torchtitan (torch's ``fully_shard``) all-reduces across the groups every micro-batch,
+             as the planner prices it.  Megatron-LM runs HSDP as Megatron-FSDP (``--use-megatron-fsdp
+             --data-parallel-sharding-strategy optim_grads_params --num-distributed-optimizer-instances
+             R``), which all-reduces across the groups "during the last backward pass before the
+             optimization step" (docs/user-guide/features/megatron_fsdp.md), and DeepSpeed as MiCS
+             (``mics_shard_size``), also once per step (deepspeed/runtime/zero/mics.py,
+             ``allreduce_mics_shard_grads``): neither is priced.  DeepSpeed's ZeRO++ hpZ
+             (``zero_hpz_partition_size``) is not HSDP: beside ZeRO-3's partition over every rank it
+             keeps a secondary copy of the weights sharded inside a node, for the backward's gather
+             (docs/_tutorials/zeropp.md; deepspeed/runtime/zero/partition_parameters.py,
+             ``ds_secondary_tensor``).
   torchtitan's TP with SP keeps the all-gathered inputs of its column-parallel projections
              (``sp_keeps_gathered``; Megatron-LM keeps its sequence shard and gathers again in backward),
              and its CP all-gathers K/V (``cp_method``): the planner prices each as that framework runs it.
@@ -119,6 +134,7 @@ _CHECKS = {
     "zero16 beyond DeepSpeed": lambda p: p.precision == "zero16" and (p.tp > 1 or p.cp > 1 or p.v > 1
                                                                      or (p.pp > 1 and p.zero >= 2)),
     "bf16 moments beyond Megatron-LM": lambda p: p.precision == "bf16_moments" and p.zero != 1,
+    "HSDP beyond torchtitan": lambda p: p.shard > 0 and p.precision != "fp32_grads",
 }
 
 RULES = (
@@ -160,12 +176,19 @@ RULES = (
          "Megatron-LM's precision-aware distributed optimizer runs them, with ZeRO-1: use zero=1",
          "megatron/training/arguments.py (--use-precision-aware-optimizer, --exp-avg-dtype, --exp-avg-sq-dtype); "
          "DeepSeek-AI 2024 §3.3.3"),
+    Rule("HSDP beyond torchtitan",
+         "shard={shard} (HSDP) with precision \"{precision}\": the planner prices HSDP as torchtitan runs it, with "
+         "fp32 gradient reductions over both axes every micro-batch (DeepSpeed's MiCS, mics_shard_size, "
+         "all-reduces across its groups once per step and is not priced): use precision \"fp32_grads\"",
+         "torchtitan/config/configs.py (data_parallel_replicate_degree, data_parallel_shard_degree); "
+         "deepspeed/runtime/zero/mics.py (allreduce_mics_shard_grads at the accumulation boundary)"),
 )
 
 
 def unrunnable(plan) -> list[str]:
     """The rule each framework breaks for ``plan``, in words with what to use instead; [] if one runs it."""
-    fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp, ep=plan.ep)
+    fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp, ep=plan.ep, shard=plan.shard,
+                  precision=plan.precision)
     return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
 
 
@@ -280,8 +303,9 @@ def _megatron(plan, work, layers) -> str:
 
 def _torchtitan(plan, work) -> str:
     reshard = "never" if plan.zero == 2 else "default"
+    shard = plan.shard or plan.dp  # HSDP: replicate dp/shard copies of a shard group
     lines = ["# torchtitan job config (TOML)", "[parallelism]",
-             "data_parallel_replicate_degree = 1", f"data_parallel_shard_degree = {plan.dp}",
+             f"data_parallel_replicate_degree = {plan.dp // shard}", f"data_parallel_shard_degree = {shard}",
              f"fsdp_reshard_after_forward = \"{reshard}\"", f"tensor_parallel_degree = {plan.tp}",
              f"context_parallel_degree = {plan.cp}", "pipeline_parallel_degree = 1",
              "context_parallel_rotate_method = \"allgather\"", "",
