@@ -6,7 +6,8 @@ paths.  Each figure is either an exact diagram, a formula evaluated by
 and each one's title says which it is.  ``slides/make_figures.py`` draws the
 rest with ``parlab.viz`` (collectives, meshes, training memory, time to train);
 ``slides/planner_figures.py`` the scenarios and the calculator, from ``parlab.planner``;
-``slides/context_expert_figures.py`` lab 07's context and expert parallelism.
+``slides/context_expert_figures.py`` lab 07's context and expert parallelism;
+``slides/real_config_figures.py`` lab 08's checkpoint resharding.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from parlab.parallel.mesh import Mesh  # noqa: E402
 
 import context_expert_figures  # noqa: E402  (slides/context_expert_figures.py, next to this file)
 import planner_figures  # noqa: E402  (slides/planner_figures.py, next to this file)
+import real_config_figures  # noqa: E402  (slides/real_config_figures.py, next to this file)
 
 GB = 1e9
 DPI = 150
@@ -428,6 +430,7 @@ FIGURES = {
     "four_axes": four_axes,
     **planner_figures.FIGURES,  # the scenarios and the calculator, from parlab.planner
     **context_expert_figures.FIGURES,  # lab 07's CP and EP: activations, the ring, balance, all-to-all
+    **real_config_figures.FIGURES,  # lab 08: a checkpoint saved on 3 ranks, loaded on 2 and 4
 }
 
 

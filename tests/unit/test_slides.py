@@ -78,8 +78,9 @@ def _slides():
 def test_deck_builds_with_every_image_present_and_non_empty(built):
     # the lecture plan: 30-45 slides for the four axes and their tools, plus lab 07's context- and
     # expert-parallelism section (a divider and 4 slides, issue 21), made partly room for by putting the
-    # six collectives on one slide
-    assert 30 <= built.slides <= 50, f"{built.slides} slides; the lecture plan is 30-50"
+    # six collectives on one slide, and lab 08's section on what a real configuration sets (a divider and
+    # 6 slides, issue 44)
+    assert 30 <= built.slides <= 57, f"{built.slides} slides; the lecture plan is 30-57"
     assert built.slides == len(_slides())
     assert len(built.images) >= 15
     for src in built.images:
@@ -453,7 +454,7 @@ def test_the_context_and_expert_parallel_section_follows_its_divider_with_its_fi
     titles = [re.search(r"^#+ (.+)$", s, re.M).group(1).strip() for s in slides]
     start = titles.index("10 · Beyond the four axes: context and expert parallelism")
     assert titles[start + 1:start + 5] == list(CP_EP_SLIDES)
-    assert titles[start + 5].startswith("11 · Hands-on")
+    assert titles[start + 5] == "11 · What a real configuration sets"
     for title, figure in CP_EP_SLIDES.items():
         slide = slides[titles.index(title)]
         assert f'src="figures/{figure}.png"' in slide, title
@@ -519,3 +520,73 @@ def test_ring_and_all_to_all_figures_show_lab_07s_schedule_and_routing():
     for rank, got in enumerate(routing):
         assert f"counts first: {got['to']} rows to ranks" in text
     assert any(len(set(r["to"])) > 1 for r in routing), "the example should show uneven splits"
+
+
+LAB08_SLIDES = {  # lab 08's section (issue 44): its slides and the figure a slide shows
+    "Five settings beyond the four axes": None,
+    "Recomputation: keep less, compute it again": None,
+    "Loss scaling: skip together": None,
+    "Clipping: norms don't add": None,
+    "Checkpoints reshard": "checkpoint_reshard",
+    "HSDP: shard inside a node, replicate across nodes": None,
+}
+
+
+def test_the_real_configuration_section_states_parlab_and_torch_numbers(built):
+    import inspect
+
+    import torch
+
+    slides = _slides()
+    titles = [re.search(r"^#+ (.+)$", s, re.M).group(1).strip() for s in slides]
+    start = titles.index("11 · What a real configuration sets")
+    assert titles[start + 1:start + 1 + len(LAB08_SLIDES)] == list(LAB08_SLIDES)
+    assert titles[start + 1 + len(LAB08_SLIDES)].startswith("12 · Hands-on")
+    assert "| 11 | what a real configuration sets | Lab 08 |" in slides[titles.index("Today")]
+    text = {title: slides[titles.index(title)] for title in LAB08_SLIDES}
+    for title, figure in LAB08_SLIDES.items():
+        assert re.search(r"Lab 08, (Exercises? \d|§\d)", text[title]), title
+        assert _notes(title), f"{title!r} has no speaker notes with its sources"
+        if figure:
+            assert f'src="figures/{figure}.png"' in text[title] and f"figures/{figure}.png" in built.images
+    # recomputation: Korthikanti's units and the 70B-class layer, from parlab.cost
+    s, b, h, a = 4096, 1, 8192, 64
+    keep, full = (cost.activation_bytes_per_layer(s, b, h, a, scores=False, recompute=r) for r in (False, "full"))
+    recompute = text["Recomputation: keep less, compute it again"]
+    assert f"**{full / (s * b * h):.0f}·sbh** bytes in 16 bits instead of **{keep / (s * b * h):.0f}·sbh**" in recompute
+    assert f"**{keep / 1e9:.2f} GB → {full / 1e9:.2f} GB**" in recompute
+    # loss scaling: fp16's range and GradScaler's schedule, from torch
+    scaling = text["Loss scaling: skip together"]
+    assert f"fp16's largest value is **{torch.finfo(torch.float16).max:,.0f}**" in scaling
+    assert torch.tensor(2.0 ** -24).half().item() == 2.0 ** -24 and torch.tensor(2.0 ** -25).half().item() == 0
+    defaults = {k: p.default for k, p in inspect.signature(torch.amp.GradScaler).parameters.items()}
+    assert (f"S × {defaults['backoff_factor']}; after {defaults['growth_interval']:,} steps without one, "
+            f"S × {defaults['growth_factor']:g}") in scaling
+    assert defaults["init_scale"] == 2.0 ** 16 and "starts at S = 2¹⁶" in scaling
+    # checkpoints: the figure's split is FSDP2's, torch.chunk padded with empty shards
+    figures = _load("real_config_figures", SLIDES / "real_config_figures.py")
+    for rows, n in ((7, 3), (7, 2), (7, 4), (2, 3), (5, 4), (8, 4)):
+        chunks = [len(c) for c in torch.chunk(torch.arange(rows), n)]
+        assert [stop - first for first, stop in figures.shard_rows(rows, n)] == chunks + [0] * (n - len(chunks))
+    sizes = {rn: ", ".join(str(stop - first) for first, stop in figures.shard_rows(*rn)) for rn in ((7, 3), (2, 3))}
+    assert f"R = 7, N = 3 → **{sizes[7, 3]}**; R = 2, N = 3 → **{sizes[2, 3]}**" in text["Checkpoints reshard"]
+    fig_text = _texts(figures.checkpoint_reshard())
+    for n in (figures.RESHARD["saved"], *figures.RESHARD["loaded"]):
+        for rank, (first, stop) in enumerate(figures.shard_rows(figures.RESHARD["rows"], n)):
+            held = f"row {first}" if stop == first + 1 else f"rows {first}–{stop - 1}"
+            assert f"rank {rank}: {held}" in fig_text, (n, rank)
+    assert _figures_module().overflow_inches(figures.checkpoint_reshard()) == 0
+    # HSDP: 7B on 8 nodes of 8 GPUs, against parlab.cost
+    hsdp = text["HSDP: shard inside a node, replicate across nodes"]
+    psi, groups, per = 7e9, 8, 8
+    comm, fsdp = cost.hsdp_comm_elems(psi, groups, per), cost.zero3_comm_elems(psi, groups * per)
+    assert (f"FSDP over {groups * per}: **{cost.zero_memory_per_gpu(psi, groups * per, 3) / 1e9:.2f} GB** per GPU, "
+            f"**{fsdp / 1e9:.1f}·10⁹** elements per rank") in hsdp
+    assert (f"HSDP {groups} × {per}: **{cost.hsdp_memory_per_gpu(psi, groups, per) / 1e9:.0f} GB**, "
+            f"**{comm['shard'] / 1e9:.1f}·10⁹** elements over NVLink and **{comm['replicate'] / 1e9:.2f}·10⁹** "
+            f"across nodes, {fsdp / comm['replicate']:.1f}× fewer") in hsdp
+    dp = cost.zero_memory_per_gpu(psi, groups * per, 0)
+    assert f"(DP: {dp / 1e9:.0f} GB, no fit.)" in hsdp and dp > cost.H100_MEMORY
+    # the table's rows are cost's: HSDP with one group is FSDP, with one rank per group DP
+    assert cost.hsdp_comm_elems(psi, 1, 64) == {"shard": fsdp, "replicate": 0}
+    assert cost.hsdp_comm_elems(psi, 64, 1) == {"shard": 0, "replicate": cost.dp_comm_elems(psi, 64)}
