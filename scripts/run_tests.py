@@ -7,7 +7,7 @@ in two lanes side by side, each a plain pytest process:
 
 - lane ``a``: nbgrader, unit, slurm (the nbgrader and slurm tiers share the session's serial grading
   of lab 00, ``serial_lab00`` in tests/conftest.py, so they must sit in one process);
-- lane ``b``: ranks, hub, browser, gpu.
+- lane ``b``: ranks, browser, gpu, hub (the hub tier last: its fixtures hold real users, a hub and Chromium).
 
 The lanes share nothing a test could trip over: Unix users are named per fixture with a random tag
 (tests/unix_users.py, hub/course_hub.py), ports are free ports, Slurm's daemons belong to the slurm
@@ -28,7 +28,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LANES = {"a": ("nbgrader", "unit", "slurm"), "b": ("ranks", "hub", "browser", "gpu")}
+LANES = {"a": ("nbgrader", "unit", "slurm"), "b": ("ranks", "browser", "gpu", "hub")}
 
 
 def _tiers() -> tuple[str, ...]:

@@ -72,9 +72,13 @@ def course_hub():
         shutil.rmtree(STATE, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(request):
-    """One headless Chromium for the tier; each user gets a context of its own (own cookies)."""
+    """One headless Chromium for a module's tests; each user gets a context of its own (own cookies).
+
+    Module-scoped: Playwright's sync API keeps an event loop running on the main thread while it is
+    started, and a test after it that runs a loop of its own (tests/hub/test_hub_kernel_ws.py), or the
+    browser tier's own Playwright in the same pytest process (``make test``'s lane b), would fail."""
     from playwright.sync_api import expect, sync_playwright
 
     expect.set_options(timeout=browser_tier.EXPECT_TIMEOUT_MS)
