@@ -222,10 +222,10 @@ def test_a_venv_reached_through_a_link_the_box_hides_still_runs_inside(tmp_path)
     linked = str(checkout / ".venv" / "bin" / os.path.basename(sys.executable))
     (tmp_path / "nb").mkdir()
     code = ("import os, subprocess, sys, tempfile\nfrom pathlib import Path\nfrom parlab.grading.boundary import Box\n"
-            f"box = Box(Path(tempfile.mkdtemp(prefix='parlab-grade-', dir={str(tmp_path)!r})), Path({str(tmp_path / 'nb')!r}))\n"
+            f"box = Box(Path(tempfile.mkdtemp(prefix={boundary.WORKDIR_PREFIX!r}, dir={str(tmp_path)!r})), Path({str(tmp_path / 'nb')!r}))\n"
             "out = subprocess.run(box.command('kernel') + [sys.executable, '-c', "
             "'import sys, parlab; print(\"inside\", sys.prefix)'], cwd=" + repr(str(tmp_path / "nb")) + ", "
             "capture_output=True, text=True, env={**os.environ, 'PARLAB_AUTOGRADE': str(box.handin)})\n"
-            "print(out.returncode, out.stdout.strip(), out.stderr.strip()[-500:])\n")
+            "box.close()\nprint(out.returncode, out.stdout.strip(), out.stderr.strip()[-500:])\n")
     done = subprocess.run([linked, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("0 inside ") and os.path.realpath(sys.prefix) in done.stdout, (done.stdout, done.stderr)
