@@ -503,8 +503,9 @@ class Box:
                 try:
                     peak = int((folder / "pids.peak").read_text().strip())
                     total += peak >= self.limits.processes
-                except (OSError, ValueError):
-                    pass
+                except (OSError, ValueError):  # no pids.peak (cgroup v1, kernels before 6.1): count the uid's
+                    if self._claim is not None:  # tasks now, what RLIMIT_NPROC counts (a fork bomb holds them)
+                        total += _tasks_of(self.uid) >= self.limits.processes
             out[kind] = total
         return out
 
