@@ -5,9 +5,9 @@ hub spawning servers, Chromium rendering, a hang watchdog counting down, nbgrade
 On the 2-core CI machine one pytest keeps about half a core busy.  So ``make test`` runs the tiers
 in two lanes side by side, each a plain pytest process:
 
-- lane ``a``: nbgrader, unit, slurm (the nbgrader and slurm tiers share the session's serial grading
+- lane ``a``: nbgrader, slurm (the nbgrader and slurm tiers share the session's serial grading
   of lab 00, ``serial_lab00`` in tests/conftest.py, so they must sit in one process);
-- lane ``b``: ranks, browser, gpu, hub (the hub tier last: its fixtures hold real users, a hub and Chromium).
+- lane ``b``: ranks, unit, browser, gpu, hub (the hub tier last: its fixtures hold real users, a hub and Chromium).
 
 The lanes share nothing a test could trip over: Unix users are named per fixture with a random tag
 (tests/unix_users.py, hub/course_hub.py), ports are free ports, Slurm's daemons belong to the slurm
@@ -28,7 +28,7 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LANES = {"a": ("nbgrader", "unit", "slurm"), "b": ("ranks", "browser", "gpu", "hub")}
+LANES = {"a": ("nbgrader", "slurm"), "b": ("ranks", "unit", "browser", "gpu", "hub")}
 
 
 def _tiers() -> tuple[str, ...]:

@@ -17,7 +17,7 @@ def test_every_tier_runs_in_exactly_one_lane():
 
 
 @pytest.mark.parametrize("lanes", [
-    {"a": ("nbgrader", "unit", "slurm"), "b": ("ranks", "hub", "browser")},            # gpu left out
+    {"a": ("nbgrader", "slurm"), "b": ("ranks", "unit", "hub", "browser")},            # gpu left out
     {"a": ("nbgrader", "unit", "slurm", "gpu"), "b": ("ranks", "hub", "browser", "gpu")},  # gpu twice
     {"a": ("nbgrader", "unit", "slurm", "gpu"), "b": ("ranks", "hub", "browser", "web")},  # no such tier
 ])
