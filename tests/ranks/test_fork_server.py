@@ -59,6 +59,24 @@ def test_without_the_server_the_launch_starts_cold(monkeypatch, why):
     assert ("off" in fork_server.describe()) and ("MiB" in fork_server.describe()) == (why == "memory short")
 
 
+def rank_parent():
+    """On a rank: its parent's command line, its thread count and its parent (torchrun's agent)."""
+    parent = psutil.Process(os.getppid())
+    return " ".join(parent.cmdline()), parent.num_threads(), parent.ppid()
+
+
+def test_the_ranks_fork_server_is_a_one_thread_fork_of_the_agent():
+    """Not a new interpreter that imports torch again (``-c from multiprocessing.forkserver import main``):
+    the kernel's server's command line, one thread, the agent's child."""
+    fork_server.stop()
+    parlab.launch(lineage, nproc=2)
+    out = parlab.launch(rank_parent, nproc=3)
+    assert len({p for _, _, p in out}) == 1
+    for cmdline, threads, _ in out:
+        assert "parlab.launch.fork_server" in cmdline and "multiprocessing.forkserver" not in cmdline, cmdline
+        assert threads == 1, threads
+
+
 def test_the_server_ends_itself_when_idle(monkeypatch):
     fork_server.stop()
     monkeypatch.setenv(fork_server.IDLE_ENV, "0.5")
