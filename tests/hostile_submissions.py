@@ -365,16 +365,18 @@ def graded_students(cls) -> list[str]:
     return [s for s in cls.students if s not in REFUSED]
 
 
+def _autograded(root: Path, student: str):
+    return nbformat.read(root / "autograded" / student / LAB / source_notebook(LAB).name, as_version=4)
+
+
 def outputs(root: Path, student: str) -> str:
-    nb = nbformat.read(root / "autograded" / student / LAB / source_notebook(LAB).name, as_version=4)
-    return json.dumps([c.get("outputs", []) for c in nb.cells])
+    return json.dumps([c.get("outputs", []) for c in _autograded(root, student).cells])
 
 
 def _cell_outputs(root: Path, student: str, cells: set) -> str:
     """What the named graded cells printed, for a failure message."""
-    nb = nbformat.read(root / "autograded" / student / LAB / source_notebook(LAB).name, as_version=4)
     shown = [f"--- {c.metadata.get('nbgrader', {}).get('grade_id')}\n{json.dumps(c.get('outputs', []))[-2000:]}"
-             for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") in cells]
+             for c in _autograded(root, student).cells if c.metadata.get("nbgrader", {}).get("grade_id") in cells]
     return "\n".join(shown)
 
 

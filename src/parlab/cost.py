@@ -16,6 +16,10 @@ c = context-parallel degree, n = ranks of a group.
 
 This module imports nothing heavy (no torch at import time), so a notebook
 can use it for quick sums.
+
+One module, not split: students and notebooks import it as ``parlab.cost`` and call its
+formulas by name (the labs' text cites them so); every function is one formula with its
+source, and the symbols above are shared by all of them.
 """
 from __future__ import annotations
 

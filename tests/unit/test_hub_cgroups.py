@@ -9,7 +9,6 @@ enforces them is what ``parlab preflight`` shows on the host.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import runpy
 import sys
 import types
@@ -158,16 +157,6 @@ def test_the_hub_config_blocks_cpus_and_limits_memory_by_default(monkeypatch, tm
         _config(monkeypatch, tmp_path, PARLAB_HUB_STUDENTS="a,b", PARLAB_HUB_CPUS_PER_SERVER="0")
 
 
-def _run_alone(coroutine):
-    """Run a coroutine to its end on a fresh loop in its own thread.
-
-    An earlier test in the same pytest process (an IPython shell, a kernel client) can leave an
-    event loop running on the main thread, where ``asyncio.run`` refuses to start another.
-    """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
 def test_systemd_units_ask_for_the_same_limits(monkeypatch, tmp_path):
     """PARLAB_HUB_SPAWNER=systemd: SystemdSpawner's unit gets the block, memory, tasks and closed devices.
 
@@ -205,7 +194,7 @@ def test_systemd_units_ask_for_the_same_limits(monkeypatch, tmp_path):
                                                                       base_url="/hub/", url="", public_host=""))
     cores = sorted(__import__("os").sched_getaffinity(0))
     for _ in range(2):  # a restart asks the same
-        _run_alone(spawner.start())
+        asyncio.run(spawner.start())
         assert recorded["properties"] == {
             "AllowedCPUs": cs.cpu_list(cs.cpu_block(3, 1, cores)), "TasksMax": "2048", "DevicePolicy": "closed",
             "DeviceAllow": ["/dev/ptmx rw", "char-pts rw"], "MemoryAccounting": "yes",

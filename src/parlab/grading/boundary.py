@@ -45,6 +45,10 @@ the per-process limits only (``docs/instructor.md`` says what differs).
 (One module, about 700 lines: the box's spec, its command line, the uid
 and cgroup claims and the trusted entry step are one boundary, read and
 reviewed together; split, each part would be checked without the others.)
+
+One module on purpose: it is the grading's security boundary, the trusted set-up outside the
+box and the steps that exec ``bwrap`` and drop to the box's uid, and a reviewer checks it as one
+piece; the spec it writes outside is read inside by the same code.
 """
 from __future__ import annotations
 

@@ -39,6 +39,10 @@ Rules that keep it safe where students share a host:
   answers ``poll``/``wait``/``kill`` like the ``subprocess.Popen`` it replaces.
 
 ``python -m parlab.launch.fork_server FD`` is the server's side.
+
+One module: the kernel's side (``start_agent``, ``ForkedAgent``) and the server's side
+(``_serve``, ``_become_agent``) speak one private socket protocol, whose messages are defined
+once here; either side changed alone would break the other.
 """
 from __future__ import annotations
 

@@ -150,6 +150,11 @@ activations, the bubble (PP/2 − 1)·2/3 of a micro-batch, the pipeline's sends
     >>> best = planner.search(planner.SCENARIOS["7B on 8 H100s"])
     >>> best.plan.tp, best.fits
     (1, True)
+
+One module, not split further: ``Plan``, ``Workload``, the memory and time models and the
+search read the same fields and call one another both ways (the search scores plans with the
+models; the models' checks are the search's filter), and lab 06 grades students against these
+functions by name.  What stands apart already lives in ``frameworks``, ``published`` and ``band``.
 """
 from __future__ import annotations
 

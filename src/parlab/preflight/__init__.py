@@ -21,6 +21,10 @@ the hub's environment, ``jupyterhub_config.py``); preflight reads it from
 the same variable or ``--token-file``.  It loads the hub kit's helpers
 (``kernel_api.py``, ``course_hub.py``) from the hub's config folder
 (``--hub-dir``, default ``/etc/parlab-hub``).
+
+One module: each check is a short function with its remedy, run in order against the same
+throw-away student's server, and an admin reads the list top to bottom to see what preflight
+promises; the parts that need more than a function (``gpu_queue``, ``rehearsal``) have their own.
 """
 from __future__ import annotations
 

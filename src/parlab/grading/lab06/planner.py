@@ -15,6 +15,9 @@ to the reference's functions (``MEMORY_REFERENCE`` for ``memory_per_gpu``,
 ``REFERENCE`` for ``choose``), so an answer that hands the work to the
 reference is told so.  When two known mistakes give the same wrong value,
 the memory message names both.
+
+One module: the two planner exercises share their cases, the profiler hook that notes calls to
+the reference and the messages that name a known mistake; splitting them would duplicate those.
 """
 from __future__ import annotations
 
