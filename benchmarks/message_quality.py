@@ -40,7 +40,7 @@ from wrong_answers import Says, must, must_not  # noqa: E402
 #: lab -> the test module whose ``TestAnswers`` names its exercises and answers.
 SUITES = {"00": "test_lab00", "01": "test_lab01", "02": "test_lab02", "03": "test_lab03",
           "04": "test_lab04", "05": "test_lab05", "06": "test_lab06", "06p": "test_lab06_planner",
-          "07": "test_lab07"}
+          "07": "test_lab07", "08": "test_lab08"}
 KINDS = ("names", "differs", "generic", "other", "passed")
 
 

@@ -46,7 +46,7 @@ def _scores(q, k, qpos, kpos, causal, mask, scale):
 
 
 def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in_place=False, way=1, scaled=True,
-          power=0.5):
+          power=0.5, dkdv="travel"):
     class Ring(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, positions, causal):
@@ -107,14 +107,26 @@ def _ring(merge="rescale", mask="global", order="send_first", blocking=False, in
                 p = torch.exp(s - lse)
                 ds = p * (dout @ held[1].transpose(-1, -2) - delta)
                 dq = dq + ds @ held[0] * ctx.scale
-                held = torch.cat([held[:2], held[2:] + torch.stack(
-                    [ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout])])
-                send = held if step < n - 1 else held[2:].contiguous()
+                part = torch.stack([ds.transpose(-1, -2) @ q * ctx.scale, p.transpose(-1, -2) @ dout])
+                if dkdv == "stay":  # only K and V travel; the rank keeps its own queries' part of its chunk
+                    mine = part if step == 0 else mine
+                    if step == n - 1:
+                        break
+                    send = held[:2].contiguous()
+                else:
+                    held = torch.cat([held[:2], held[2:] + part])
+                    if step == n - 1 and dkdv == "short":  # the last hop home is never sent
+                        mine = held[2:]
+                        break
+                    send = held if step < n - 1 else held[2:].contiguous()
                 incoming = torch.empty_like(send)
                 for r in [dist.isend(send, nxt), dist.irecv(incoming, prev)]:
                     r.wait()
-                held = incoming
-            return dq * ctx.dq_factor, held[0], held[1], None, None
+                if step == n - 1:
+                    mine = incoming
+                else:
+                    held = incoming
+            return dq * ctx.dq_factor, mine[0], mine[1], None, None
 
     def ring_attention(q, k, v, positions, causal=False):
         return Ring.apply(q, k, v, positions, causal)
@@ -142,32 +154,18 @@ def ring_send_send_deadlock(q, k, v, positions, causal=False):
 
 
 def ring_dkdv_stay_home(q, k, v, positions, causal=False):
-    """Backward keeps dK, dV of its own chunk from its own queries only: nothing travels back."""
-    return _StayHome.apply(q, k, v, positions, causal)
+    """Backward sends only K and V round the ring: each rank keeps its own queries' part of dK, dV."""
+    return _ring(dkdv="stay")(q, k, v, positions, causal)
 
 
-class _StayHome(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, positions, causal):
-        ctx.causal = causal
-        with torch.enable_grad():
-            q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
-            out = _ring()(q2, k2, v2, positions, causal)  # the correct forward (and its backward ring)
-        ctx.save_for_backward(q2, k2, v2, out)
-        return out.detach()
+def ring_dkdv_hop_short(q, k, v, positions, causal=False):
+    """dK, dV travel with K and V, but the last hop home is never sent: rank r keeps chunk r + 1's."""
+    return _ring(dkdv="short")(q, k, v, positions, causal)
 
-    @staticmethod
-    def backward(ctx, dout):
-        q2, k2, v2, out = ctx.saved_tensors
-        dq, = torch.autograd.grad(out, [q2], dout, retain_graph=True)
-        scale = q2.shape[-1] ** -0.5
-        s = q2 @ k2.transpose(-1, -2) * scale
-        if ctx.causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
-        p = F.softmax(s, -1)  # the local block alone, normalised locally
-        dv = p.transpose(-1, -2) @ dout
-        ds = p * (dout @ v2.transpose(-1, -2) - (dout * (p @ v2)).sum(-1, keepdim=True))
-        return dq, ds.transpose(-1, -2) @ q2 * scale, dv, None, None
+
+def ring_ignores_causal(q, k, v, positions, causal=False):
+    """Never masks: every query attends to every key, causal or not."""
+    return _ring()(q, k, v, positions, False)
 
 
 def ring_all_gather(q, k, v, positions, causal=False):
@@ -578,9 +576,11 @@ ALONE = {"ring": [(ring_send_send_deadlock, ("did not finish", "blocking dist.se
 WRONG = {
     "ring": [
         (ring_no_rescale, says("rescaling", never="scale 1/√D")),
-        (ring_mask_future_chunks, "causal mask is wrong"),
-        (ring_mask_every_block_local, "causal mask is wrong"),
-        (ring_dkdv_stay_home, "travel around the ring"),
+        (ring_mask_future_chunks, says("causal mask is wrong", never=("rescaling", "scale 1/√D"))),
+        (ring_mask_every_block_local, says("causal mask is wrong", never=("rescaling", "scale 1/√D"))),
+        (ring_ignores_causal, says("non-causal attention", never=("rescaling", "scale 1/√D"))),
+        (ring_dkdv_stay_home, says("its own queries alone", "travel around the ring", never="one more hop")),
+        (ring_dkdv_hop_short, says("one hop further along", never="its own queries alone")),
         (ring_all_gather, "point-to-point messages only"),
         (ring_compute_then_send, "computed attention before posting any send"),
         (ring_scales_q_in_place, "in place"),

@@ -10,11 +10,14 @@ chunk of the attention output.  The reference is
 float64; forward and backward (the gradients of q, k and v against a fixed
 upstream gradient) are compared chunk by chunk.
 
-Hints name the likely mistake from which part is wrong: a non-causal case
-wrong in forward (the partial softmaxes merged without rescaling), only the
-causal cases wrong (the mask on global positions), the output right but
-dk/dv wrong (the K/V gradients must travel back to the rank that owns the
-chunk).  Rules are judged on the spy's calls and ``recorder`` events.
+Hints follow ``diagnosis``: a mistake is named when every rank's output (or
+dk/dv) is what that mistake gives and no other known mistake's is (the
+scores unscaled or scaled by 1/D, no causal mask, the blocks' softmaxes
+averaged or summed; dk/dv of the rank's own queries only, or every part
+computed but held one hop short of its owner); the causal mask is named when
+only causal cases fail after a non-causal one passed.  Otherwise the message
+says which tensor differs on which rank.  Rules are judged on the spy's calls
+and ``recorder`` events.
 """
 from __future__ import annotations
 
@@ -127,10 +130,44 @@ _MASK = ("the non-causal cases pass, so the causal mask is wrong. Compare global
          "position p sees the keys at positions <= p, so chunks wholly before it are attended fully, its "
          "own diagonal block is triangular, and blocks after it not at all (with the zig-zag split a "
          "rank's chunk is two halves: use `positions`, not a lower triangle on every block).")
-_TRAVEL = ("the output and dq are right but dk/dv are not: each rank's queries contribute to the "
-           "gradients of every chunk they attended to. Those dk/dv parts must travel around the ring with "
-           "K and V and arrive back at the rank that owns the chunk (one more hop after the last block), "
-           "where they are summed.")
+_OWN_ONLY = ("every rank's dk and dv are what its own queries alone contribute to its own chunk: the "
+             "contributions of the other ranks' queries never arrived. Each rank's queries contribute to "
+             "the gradients of every chunk they attended to; those dk/dv parts must travel around the ring "
+             "with K and V and arrive back at the rank that owns the chunk, where they are summed.")
+_HOP_SHORT = ("every part of dk and dv was computed (their sum over the ranks is right), but each rank "
+              "holds the gradient of the chunk one hop further along the ring, not its own: the dk/dv "
+              "parts must travel one more hop after the last block, to the rank that owns the chunk.")
+
+
+def _dkdv_hint(case: RingCase, got: list, pos: torch.Tensor) -> str:
+    """The known mistake whose dk and dv every rank returned, with the output and dq right, or "".
+
+    Signatures, from the reference's probabilities on the whole sequence: "own only", rank r's
+    queries' contributions to chunk r alone; "hop short", the right gradient of the chunk of rank
+    r + 1 (or r - 1, a ring run the other way) on rank r.
+    """
+    n, t = len(got), case.tensors()
+    q, k, v, dout = (t[x] for x in ("q", "k", "v", "dout"))
+    scale = case.d ** -0.5
+    s = q @ k.transpose(-1, -2) * scale  # (b, h, s, s): every query against every key
+    if case.causal:
+        s = s.masked_fill(torch.ones(case.s, case.s, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, -1)
+    out = p @ v
+    ds = p * (dout @ v.transpose(-1, -2) - (dout * out).sum(-1, keepdim=True))
+    ref = reference(case)
+    own = {"dk": [ds[:, :, pos[r]][..., pos[r]].transpose(-1, -2) @ q[:, :, pos[r]] * scale for r in range(n)],
+           "dv": [p[:, :, pos[r]][..., pos[r]].transpose(-1, -2) @ dout[:, :, pos[r]] for r in range(n)]}
+    pieces = []
+    for r, res in enumerate(got):
+        fits = {}
+        if all(check.same_values(res[x], own[x][r]) for x in ("dk", "dv")):
+            fits["own only"] = _OWN_ONLY
+        if any(all(check.same_values(res[x], ref[x][:, :, pos[(r + way) % n]]) for x in ("dk", "dv"))
+               for way in (1, -1)) and n > 1:
+            fits["hop short"] = _HOP_SHORT
+        pieces.append(fits)
+    return diagnose(pieces)
 
 
 def _blockwise(case: RingCase, n: int, merge: str) -> torch.Tensor:
@@ -197,7 +234,11 @@ def grade(g: Graded) -> str | None:
         for key in ("dk", "dv"):
             wrong = _wrong([o[key] for o in res], ref[key], pos, key)
             if wrong:
-                return f"{g.name}'s {key} is wrong for {case.describe(g.n)}.\n{wrong}\nHint: {_TRAVEL}"
+                named = _dkdv_hint(case, res, pos) if all(
+                    isinstance(o.get(x), torch.Tensor) and o[x].shape == o["out"].shape
+                    for o in res for x in ("dk", "dv")) else ""
+                return (f"{g.name}'s {key} is wrong for {case.describe(g.n)} (its output and dq are "
+                        f"right).\n{wrong}" + hint(named))
     return None
 
 
