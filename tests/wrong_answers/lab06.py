@@ -9,6 +9,8 @@ tests/ranks/test_lab06.py runs every fixture, batched into one launch per world 
 import torch
 import torch.distributed as dist
 
+from wrong_answers import says
+
 
 # ------------------------------------------------------------ exercise 1: coordinates
 def coords_tp_outermost(rank, pp, dp, tp):
@@ -320,7 +322,7 @@ ALONE = {"axis": [(axis_own_group_only, "even for the groups it is not in")]}
 
 WRONG = {
     "coords": [(coords_tp_outermost, "TP outermost"), (coords_dp_innermost, "d fastest"),
-               (coords_off_by_one, "expected"), (coords_list_of_floats, "tuple of three ints"),
+               (coords_off_by_one, "returned (0, 0, 0), expected (1, 0, 0)"), (coords_list_of_floats, "tuple of three ints"),
                (coords_as_list, ("returned the list [0, 0, 0]", "the tuple (0, 0, 0)"))],
     "rank_of": [(rank_of_not_inverse, "must undo coords"), (rank_of_off_by_one, "expected 2"),
                 (rank_of_returns_tuple, "one int")],
@@ -332,7 +334,9 @@ WRONG = {
     "mesh": [(mesh_dims_swapped, "init_device_mesh(device_type, (dp, tp)"), (mesh_by_new_group, "no `dist.new_group`"),
              (mesh_all_reduce_twice, "Make exactly one `dist.all_reduce`"),
              (mesh_world_sum, "whole world")],
-    "sync": [(sync_over_world, "averaged over the whole world"), (sync_no_divide, "dp times too large"),
-             (sync_divide_by_world, "divided by the world size"), (sync_nothing, "not averaged"),
+    "sync": [(sync_over_world, says("averaged over the whole world", never=("too large", "1/tp", "own gradient"))),
+             (sync_no_divide, says("dp times too large", never=("whole world", "1/tp", "own gradient"))),
+             (sync_divide_by_world, says("divided by the world size", never=("too large", "own gradient"))),
+             (sync_nothing, says("not averaged", never=("too large", "1/tp", "whole world"))),
              (sync_then_world_barrier, "Communicate only over `dp_group`")],
 }

@@ -332,6 +332,9 @@ WRONG = {
                # the one case it fails cannot tell these apart
                (choose_ignores_headroom, says("Leaving out any one of", "comparing with all of the HBM",
                                               never=("Without the", "It fits in the"), differs=True)),
+               # its one failing case is also what leaving out the optimizer states or the headroom picks
+               (choose_ignores_logits, says("Leaving out any one of", "the last stage's fp32 logits (",
+                                            never=("Without the", "It fits in the"), differs=True)),
                (choose_no_recompute, 'recompute="full"'),
                (choose_no_context_parallel, "cp="),
                (choose_rounds_accum_down, "fewer than the global batch"),

@@ -3,11 +3,15 @@
 ``Grid`` is the one model: any number of named axes, outermost first, the
 last varying fastest, ranks numbered as ``torch.arange(world).view(*sizes)``
 (and as ``init_device_mesh(device_type, sizes, mesh_dim_names=names)``).
-Lab 07's expert-parallel mesh is ``Grid.of(dp=2, ep=2)``; the planner's
-boundary placement reads a 5-axis one, ``Grid.of(pp=, dp=, ep=, cp=, tp=)``
-(Megatron-LM's "tp-cp-ep-dp-pp", fastest first, with DP counted as the
-replicas outside EP).  ``Mesh`` is the lecture's 3-D case, with named
-coordinates (p, d, t).
+Lab 07's expert-parallel mesh is ``Grid.of(dp=2, ep=2)``.  The planner
+places its axes on three (``parlab.planner.grid``, ``expert_grid``,
+``hsdp_grid``): ``Grid.of(pp=, dp=, cp=, tp=)`` (Megatron-Core's
+"tp-cp-dp-pp", fastest first), its expert layers' ``Grid.of(pp=, edp=,
+ep=, tp=)`` ("tp-ep-dp-pp", the expert-data-parallel ranks what is left of
+dp·cp) and HSDP's ``Grid.of(pp=, replicate=, shard=, cp=, tp=)``
+(torchtitan's mesh order).  Lab 06's data-parallel sync check lays its
+ranks out as ``Grid.of(dp=, tp=)``.  ``Mesh`` is the lecture's 3-D case,
+with named coordinates (p, d, t).
 
 The 3-D mesh's ranks are laid out as ``torch.arange(world).view(pp, dp, tp)``::
 

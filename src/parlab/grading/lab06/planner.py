@@ -377,6 +377,13 @@ def _memory_hint(plan: Plan, work: Workload, others=()) -> str:
             f"{alone} Compare your memory_per_gpu with each term.")
 
 
+def _fits_without_recompute(work: Workload) -> bool:
+    """Whether some plan that recomputes nothing fits (then recomputation is not why None is wrong)."""
+    usable, m = work.cluster.usable_memory, work.model
+    return any(plan.recompute == "none" and sum(planner.memory_breakdown(plan, m).values()) <= usable
+               and not planner.problems(plan, work) for plan in planner.candidates(work))
+
+
 def _batch_hint(plan: Plan, work: Workload) -> str:
     """Name a micro-batch that divides the global batch but not a replica's rows."""
     done, rows = plan.dp * plan.micro_batch * plan.accum, work.global_batch / plan.dp
@@ -413,7 +420,8 @@ def _grade_choose(g: Graded) -> str | None:
             continue
         if got is None:
             hint = (f" Only plans that recompute the activations fit: does your search try "
-                    f"recompute=\"{top.plan.recompute}\"?" if top.plan.recompute != "none" else "")
+                    f"recompute=\"{top.plan.recompute}\"?"
+                    if top.plan.recompute != "none" and not _fits_without_recompute(work) else "")
             return (f"choose returned None for {where}, but {top.plan} fits "
                     f"({sum(top.memory.values()) / 1e9:.1f} GB per GPU).{hint}")
         if not isinstance(got, dict) or "dp" not in got:

@@ -10,8 +10,10 @@ TP rank), and DP replica d trains it on its rows of each global batch.  After
 by training model t on the whole batch (``parlab.reference.reference_steps``).
 
 Averaging over the whole world instead mixes the TP ranks' different models;
-summing without dividing makes the step dp times too large.  Both are
-recognised from the parameters after the first step and named.
+summing without dividing makes the step dp times too large.  Each known
+mistake is named only when every rank's first update is what it gives and
+no other's (``diagnosis.diagnose``); the ranks come from a
+``parallel.mesh.Grid``.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from ... import check
+from ...parallel.mesh import Grid
+from ..diagnosis import diagnose, hint
 from ..harness import Exercise, Graded, Rule
 from ..records import events
 from .subgroups import watching
@@ -87,8 +91,9 @@ def _run(fn, case: SyncCase, i, spy) -> dict:
     from ...launch.runtime import device
 
     rank = dist.get_rank()
-    d, t = divmod(rank, case.tp)
-    groups = [dist.new_group([k * case.tp + j for k in range(case.dp)]) for j in range(case.tp)]
+    grid = _grid(case)
+    d, t = grid.coords(rank)["dp"], grid.coords(rank)["tp"]
+    groups = [dist.new_group(ranks) for ranks in grid.groups("dp")]  # groups[t]: the DP group of shard t
     model = _model(t).to(device())
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     flats = [_flat(model.parameters())]
@@ -109,10 +114,16 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and bool(check.close_mask(a, b).all())
 
 
+def _grid(case: SyncCase) -> Grid:
+    """The case's ranks: dp replicas of tp shards, tp varying fastest (``rank = d·tp + t``)."""
+    return Grid.of(dp=case.dp, tp=case.tp)
+
+
 def _grade(g: Graded) -> str | None:
     for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
+        grid = _grid(case)
         for r, res in enumerate(g.at(i)):
-            d, t = divmod(r, case.tp)
+            d, t = grid.coords(r)["dp"], grid.coords(r)["tp"]
             ref = reference(t, case)
             for s, (got, want) in enumerate(zip(res["flats"], ref)):
                 if _close(got, want):
@@ -120,33 +131,45 @@ def _grade(g: Graded) -> str | None:
                 where = (f"{g.name} is wrong for {case.describe(g.n)}: on rank {r} (d={d}, t={t}) the "
                          f"parameters after step {s} differ from one process training model {t} on the "
                          "whole batch.")
-                return where + (_why(res["flats"], case, d, t, g.n) if s == 1 else "")
+                return where + (hint(_why(g.at(i), case, g.n), " ") if s == 1 else "")
     return None
 
 
-def _why(flats: list, case: SyncCase, d: int, t: int, n: int) -> str:
-    """Name the mistake from the first step's update."""
-    init, got = flats[0], flats[1]
-    mean = sum(_first_grad(t, k, case) for k in range(case.dp)) / case.dp
-    world = sum(_first_grad(j, k, case) for j in range(case.tp) for k in range(case.dp)) / n
-    if case.tp > 1 and _close(got, init - LR * world):
-        return (" The gradients were averaged over the whole world: the ranks of a TP group hold "
-                "different shards (here, different models), so a world all-reduce adds unrelated "
-                "numbers. Average over dp_group only (group=dp_group).")
-    if case.dp > 1 and _close(got, init - LR * _first_grad(t, d, case)):
-        return " The step used this replica's own gradient: the gradients were not averaged over dp_group."
-    for factor, words in ((case.dp, "The update is dp times too large: the gradients were summed over "
-                                    "dp_group but not divided by its size."),
-                          (1 / case.tp, "The update is 1/tp of the right one: divided by the world size, "
-                                        "not by the size of dp_group (dist.get_world_size(dp_group)).")):
-        if factor != 1 and _close(got, init - LR * factor * mean):
-            return " " + words
-    return ""
+def _why(results: list, case: SyncCase, n: int) -> str:
+    """The mistake whose first update every rank shows (``diagnosis.diagnose``), or ""."""
+    grid, pieces, right = _grid(case), [], []
+    for r, res in enumerate(results):
+        d, t = grid.coords(r)["dp"], grid.coords(r)["tp"]
+        init, got = res["flats"][0], res["flats"][1]
+        mean = sum(_first_grad(t, k, case) for k in range(case.dp)) / case.dp
+        world = sum(_first_grad(j, k, case) for j in range(case.tp) for k in range(case.dp)) / n
+        signatures = {
+            "world": (case.tp > 1, init - LR * world,
+                      "The gradients were averaged over the whole world: the ranks of a TP group hold "
+                      "different shards (here, different models), so a world all-reduce adds unrelated "
+                      "numbers. Average over dp_group only (group=dp_group)."),
+            "own": (case.dp > 1, init - LR * _first_grad(t, d, case),
+                    "The step used this replica's own gradient: the gradients were not averaged over dp_group."),
+            "summed": (case.dp > 1, init - LR * case.dp * mean,
+                       "The update is dp times too large: the gradients were summed over dp_group but "
+                       "not divided by its size."),
+            "by world": (case.tp > 1, init - LR * mean / case.tp,
+                         "The update is 1/tp of the right one: divided by the world size, not by the size "
+                         "of dp_group (dist.get_world_size(dp_group))."),
+        }
+        fits = {name: words for name, (possible, update, words) in signatures.items()
+                if possible and _close(got, update)}
+        if _close(got, reference(t, case)[1]):
+            right.append([name for name, (possible, _, _) in signatures.items() if possible])
+        else:
+            pieces.append(fits)
+    return diagnose(pieces, right)
 
 
 def only_dp_group(records, case, n):
+    grid = _grid(case)
     for r, rec in enumerate(records):
-        want = [k * case.tp + r % case.tp for k in range(case.dp)]
+        want = grid.group_of(r, "dp")
         for c in events(rec, "collective"):
             if c["ranks"] != want:
                 world = " (the whole world)" if c["ranks"] == list(range(n)) else ""
