@@ -26,6 +26,7 @@ from torch import nn
 
 from ... import check
 from .. import records as read
+from ..diagnosis import diagnose
 from ..harness import Graded, Rule
 from ..plain import plain
 from .rules import one_small_collective
@@ -155,6 +156,46 @@ def grade(g: Graded) -> str | None:
     return None
 
 
+#: The known mistakes in the norm, and what each tells the student.
+_NORM_MISTAKES = {
+    "replicated n times": "the replicated parameters were counted {n} times, once per rank. Every rank holds "
+                          "the same replicated gradients; add their squares once (not inside the all-reduce), "
+                          "the split ones' squares summed over the ranks.",
+    "own only": "that is the norm of this rank's own gradients only. Sum the squares over the ranks "
+                "(all-reduce) before the square root.",
+    "norms added": "the ranks' norms were added. Norms do not add; their squares do: all-reduce the sums of "
+                   "squares, then take the square root.",
+    "clipped norm": "that is the norm after clipping. Return the norm before clipping, as clip_grad_norm_ does.",
+}
+
+
+def _signatures(name: str, case: ClipCase, r: int, n: int, total: float) -> tuple[float, ...]:
+    """The norms rank ``r`` could return with mistake ``name`` (none where it cannot show)."""
+    own, rep = _squares(case, n)
+    return {"replicated n times": ((sum(own) + n * rep) ** 0.5,) if rep else (),
+            "own only": ((own[r] + rep) ** 0.5,),
+            "norms added": (sum((o + rep) ** 0.5 for o in own), sum(o ** 0.5 for o in own) + rep ** 0.5),
+            "clipped norm": (case.max_norm,) if total > case.max_norm else ()}[name]
+
+
+def _norm_evidence(g: Graded) -> tuple[list, list]:
+    """Every case and rank the check ran, as ``diagnose`` reads them: the known mistakes each wrong
+    norm fits, and, for each right norm, the mistakes that would have got it wrong."""
+    wrong, right = [], []
+    for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
+        total, _ = reference(case)
+        for r, res in enumerate(g.at(i)):
+            got, sig = res["norm"], {k: _signatures(k, case, r, g.n, total) for k in _NORM_MISTAKES}
+            if not isinstance(got, float | int):
+                wrong.append({})
+            elif _near(got, total):
+                right.append([k for k, values in sig.items() if values and not any(_near(v, total) for v in values)])
+            else:
+                wrong.append({k: _NORM_MISTAKES[k].format(n=g.n) for k, values in sig.items()
+                              if any(_near(got, v) for v in values)})
+    return wrong, right
+
+
 def _explain(g: Graded, case: ClipCase, r: int, res: dict, what: str, total: float) -> str:
     head = f"{g.name} is wrong for {case.describe(g.n)}: on rank {r}"
     own, rep = _squares(case, g.n)
@@ -162,32 +203,19 @@ def _explain(g: Graded, case: ClipCase, r: int, res: dict, what: str, total: flo
     if what == "norm":
         if not isinstance(got, float | int):
             return f"{head} it returned {got!r}; return the total norm (a number or a 0-d tensor)."
-        if rep and _near(got, (sum(own) + g.n * rep) ** 0.5):
-            return (f"{head} the norm is {got:.6g}, expected {total:.6g}: the replicated parameters "
-                    f"were counted {g.n} times, once per rank. Every rank holds the same replicated "
-                    "gradients; add their squares once (not inside the all-reduce), the split ones' "
-                    "squares summed over the ranks.")
-        if _near(got, (own[r] + rep) ** 0.5):
-            return (f"{head} the norm is {got:.6g}, expected {total:.6g}: that is the norm of this "
-                    "rank's own gradients only. Sum the squares over the ranks (all-reduce) before "
-                    "the square root.")
-        if _near(got, sum((o + rep) ** 0.5 for o in own)) or _near(got, sum(o ** 0.5 for o in own) + rep ** 0.5):
-            return (f"{head} the norm is {got:.6g}, expected {total:.6g}: the ranks' norms were "
-                    "added. Norms do not add; their squares do: all-reduce the sums of squares, "
-                    "then take the square root.")
-        if _near(got, min(total, case.max_norm)) and total > case.max_norm:
-            return (f"{head} the norm is {got:.6g}, expected {total:.6g}: that is the norm after "
-                    "clipping. Return the norm before clipping, as clip_grad_norm_ does.")
-        return f"{head} the norm is {got:.6g}, expected {total:.6g}."
+        named = diagnose(*_norm_evidence(g))
+        return f"{head} the norm is {got:.6g}, expected {total:.6g}" + (f": {named}" if named else ".")
     coef = _coefficient(case, r, g.n, res)
     want = min(1.0, case.max_norm / (total + 1e-6))
     if coef is not None and coef > 1.0 + 1e-5:
         return (f"{head} the gradients were multiplied by {coef:.4g}, expected {want:.4g}: a norm "
                 f"({total:.4g}) below max_norm ({case.max_norm:g}) leaves the gradients as they are; "
                 "the factor is min(1, max_norm / (norm + 1e-6)).")
-    if coef is not None and _near(coef, case.max_norm / ((own[r] + rep) ** 0.5 + 1e-6)):
-        return (f"{head} the gradients were multiplied by {coef:.4g}, expected {want:.4g}: scaled "
-                "by this rank's own norm, not the total returned. Every rank scales by the same factor.")
+    own_factor = case.max_norm / ((own[r] + rep) ** 0.5 + 1e-6)
+    if coef is not None and _near(coef, own_factor) and not _near(own_factor, want):
+        return (f"{head} the gradients were multiplied by {coef:.4g}, expected {want:.4g}: {coef:.4g} is "
+                "max_norm over this rank's own norm, not over the total returned. Every rank scales by the "
+                "same factor.")
     return (f"{head} the returned norm is right but the clipped gradients differ from "
             f"clip_grad_norm_'s (multiplied by {want:.4g}"
             + (f"; yours by {coef:.4g})." if coef is not None else ")."))

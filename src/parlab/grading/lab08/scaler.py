@@ -156,10 +156,14 @@ def _explain(g: Graded, case: ScalerCase, results: list, want: dict, s: int, r: 
             q_before = want["values"][s - 1][q] if s else case.start(q)
             if not _close(results[q]["values"][s], q_before):
                 head = f"{g.name} is wrong for {case.describe(g.n)}: at step {s}, on rank {q},"
+                if k == "nan" and _skipped_an_inf(case, results, want):
+                    return (f"{head} the optimizer stepped although this rank's gradient held a NaN, "
+                            "where it skipped the step on an inf. A test for inf alone (math.isinf, "
+                            "torch.isinf) misses NaN: test with torch.isfinite, which is False for both.")
                 if k == "nan":
-                    return (f"{head} the optimizer stepped although this rank's gradient held a NaN. "
-                            "A test for inf alone (math.isinf, torch.isinf) misses NaN: test with "
-                            "torch.isfinite, which is False for both.")
+                    return (f"{head} the optimizer stepped although this rank's gradient held a NaN: "
+                            "skip optimizer.step() when any gradient is not finite (torch.isfinite is "
+                            "False for inf and NaN).")
                 return (f"{head} the optimizer stepped although this rank's gradient held an inf: "
                         "skip optimizer.step() when an overflow was found.")
         others = [(q, k) for q, k in bad if q != r]
@@ -192,6 +196,17 @@ def _explain(g: Graded, case: ScalerCase, results: list, want: dict, s: int, r: 
     return (f"{head} this rank's parameters after the step differ from one process's with "
             f"torch.amp.GradScaler: got {plain(got_v, tensors='list')}, expected "
             f"{want['values'][s][r].tolist()}.")
+
+
+def _skipped_an_inf(case: ScalerCase, results: list, want: dict) -> bool:
+    """Whether some rank whose gradient held an inf skipped that step, as it should."""
+    for s in range(case.steps):
+        for q, k in case.bad_at(s):
+            before = want["values"][s - 1][q] if s else case.start(q)
+            got = results[q]["values"][s]
+            if k == "inf" and isinstance(got, torch.Tensor) and _close(got, before):
+                return True
+    return False
 
 
 # ---------------------------------------------------------------- the rule
