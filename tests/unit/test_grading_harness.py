@@ -225,3 +225,18 @@ def test_which_term_isolates_the_term_by_doubling_one_input_at_a_time():
     args = (2.0, 4.0)
     seen = [(t, ring(*t.vary(args)), product(*t.vary(args))) for t in (x, y)]
     assert "When y doubles, your answer grows 0.5 times, not 2 times" in which_term(ring(*args), product(*args), seen)
+
+    # two inputs of one factor written upside down (time = work / (peak · mfu) as work · peak · mfu)
+    z, w = Term("peak", "the division by peak × MFU", 1), Term("mfu", "the division by peak × MFU", 2)
+
+    def time(a, b, c):
+        return a / (b * c)
+
+    def backwards(a, b, c):
+        return a * b * c
+
+    args = (8.0, 2.0, 0.5)
+    seen = [(t, backwards(*t.vary(args)), time(*t.vary(args))) for t in (x, z, w)]
+    said = which_term(backwards(*args), time(*args), seen)
+    assert "Doubling peak and mfu" in said and "the term that is wrong is the division by peak × MFU" in said
+    assert "x" not in said.split(":")[0]

@@ -238,6 +238,16 @@ def days_in_minutes(n, tokens, gpus, peak, mfu):
     return 6 * n * tokens / (gpus * peak * mfu) / 60
 
 
+def days_times_peak(n, tokens, gpus, peak, mfu):
+    """Multiplies by peak × MFU where it should divide: the units (FLOPs / FLOP/s) read backwards."""
+    return 6 * n * tokens / gpus * peak * mfu / 86_400
+
+
+def days_gpus_squared(n, tokens, gpus, peak, mfu):
+    """Divides by the GPUs twice: once for the work, once more 'for the communication'."""
+    return 6 * n * tokens / (gpus * gpus * peak * mfu) / 86_400
+
+
 def days_as_timedelta(n, tokens, gpus, peak, mfu):
     import datetime
 
@@ -403,6 +413,10 @@ WRONG = {
         (days_one_gpu, "divide by n_gpus"),
         (days_in_minutes, "in minutes"),
         (days_as_timedelta, "(timedelta); it should return a number (in days)"),
+        (days_times_peak, says("the term that is wrong is the division by peak × MFU",
+                               never=("instead of dividing", "left out"))),
+        (days_gpus_squared, says("When n_gpus doubles", "the division by the number of GPUs",
+                                 never="divide by n_gpus")),
     ],
 }
 

@@ -6,7 +6,9 @@ sandbox during autograde) and compared with the ``parlab.cost`` formulas
 (sources in each cost function's docstring and in docs/).  Each keeps a table
 of the values the usual mistakes give (bits instead of bytes, GB or GiB
 instead of bytes, a forgotten factor) and names the mistake when the answer
-equals one of them on every case (``numbers.numbers_message``).
+equals one of them on every case (``numbers.numbers_message``);
+``days_to_train`` is also called with each input doubled, to say which term
+a wrong answer no known mistake explains gets wrong.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from fractions import Fraction
 from functools import partial
 
 from ... import cost
+from ..diagnosis import Term, which_term
 from ..harness import Exercise, Graded
 from ..numbers import distinct, numbers_message
 from ..plain import plain_number
@@ -30,22 +33,47 @@ def run(answer, case: Call, i: int, spy):
     return plain_number(got)
 
 
-def grade(expect, unit: str, integer: bool, differs, graded: Graded) -> str | None:
+def run_varied(terms: tuple[Term, ...], answer, case: Call, i: int, spy) -> list:
+    """``[answer(*args), answer(*args with each term's input doubled), ...]`` as plain numbers; a
+    varied call that raises gives None (it says nothing of the case itself)."""
+    out = [run(answer, case, i, spy)]
+    for term in terms:
+        try:
+            with spy.watch():
+                out.append(plain_number(answer(*term.vary(case.args))))
+        except Exception:  # noqa: BLE001 - an input the answer cannot take doubled says nothing
+            out.append(None)
+    return out
+
+
+def grade(expect, unit: str, integer: bool, differs, terms: tuple[Term, ...], graded: Graded) -> str | None:
     """Every case's returned number against ``expect(*args) -> (want, mistakes)``: a mistake is
-    named only when it explains every case (``numbers.numbers_message``)."""
-    rows = []
+    named only when it explains every case (``numbers.numbers_message``); with ``terms``, a wrong
+    number no known mistake explains is told which term is wrong (``diagnosis.which_term``)."""
+    rows, varied = [], []
     for i, case in enumerate(graded.cases):
         want, mistakes = expect(*case.args)
-        rows.append((graded.at(i)[0], want, case.describe(1), mistakes))
+        got = graded.at(i)[0]
+        if terms:
+            got, others = (got[0], got[1:]) if isinstance(got, list) else (got, [None] * len(terms))
+            varied.append([(t, v, expect(*t.vary(case.args))[0]) for t, v in zip(terms, others)])
+        rows.append((got, want, case.describe(1), mistakes))
+
+    def what_differs(got, want, i):
+        changes = varied[i] if terms else []
+        if changes and all(isinstance(v, (int, float)) for _, v, _ in changes):
+            return which_term(got, want, changes)
+        return differs(got, *graded.cases[i].args) if differs else ""
     return numbers_message(rows, unit=unit, integer=integer,
-                           differs=differs and (lambda got, want, i: differs(got, *graded.cases[i].args)))
+                           differs=what_differs if differs or terms else None)
 
 
 def formula(name: str, expect, unit: str, visible: list, hidden: list,
-            integer: bool = False, differs=None) -> Exercise:
-    """``differs(got, *args)`` says what differs when no single mistake explains the answer."""
-    return Exercise(key=f"lab00.{name}", answer=name, run=run,
-                    grade=partial(grade, expect, unit, integer, differs),
+            integer: bool = False, differs=None, terms: tuple[Term, ...] = ()) -> Exercise:
+    """``differs(got, *args)`` says what differs when no single mistake explains the answer; with
+    ``terms`` the answer is also called with each term's input doubled, to say which term is wrong."""
+    return Exercise(key=f"lab00.{name}", answer=name, run=partial(run_varied, terms) if terms else run,
+                    grade=partial(grade, expect, unit, integer, differs, terms),
                     visible=((1, tuple(Call(name, args) for args in visible)),),
                     hidden=((1, tuple(Call(name, args) for args in hidden)),), solo=True)
 
@@ -177,7 +205,13 @@ GPUS = formula("gpus_to_hold_state", expect_gpus, "GPUs",
                visible=[(70e9, 80e9), (7.5e9, 80e9)],
                hidden=[(6e9, 80e9), (3e9, 80e9), (70e9, 141e9), (405e9, 80e9), (1e9, 80e9)],
                integer=True, differs=gpus_differs)
-DAYS = formula("days_to_train", expect_days, "days",
+#: days_to_train's inputs, each doubled alone to find the term a wrong answer gets wrong.
+DAYS_TERMS = (Term("n_params", "the 6·N FLOPs per token (N, the parameters)", 0),
+              Term("tokens", "the tokens trained on", 1),
+              Term("n_gpus", "the division by the number of GPUs", 2),
+              Term("peak_flops", "the division by peak × MFU", 3),
+              Term("mfu", "the division by peak × MFU", 4))
+DAYS = formula("days_to_train", expect_days, "days", terms=DAYS_TERMS,
                visible=[(70e9, 15e12, 1024, H100, 0.4)],
                hidden=[(70e9, 15e12, 8, H100, 0.4), (8e9, 15e12, 8, H100, 0.5),
                        (1.7e9, 1e12, 64, H100, 0.38), (70e9, 15e12, 1, H100, 0.4),
