@@ -104,7 +104,27 @@ def test_close_none_and_dtensor_like():
     assert ".full_tensor()" in fails(check.assert_close, FakeDTensor(), torch.ones(2), "w", 0)
     assert "not a tensor" in fails(check.assert_close, object(), torch.ones(2), "w", 0)
     msg = fails(check.assert_close, torch.tensor(2.0), torch.tensor(0.5), "loss", 0)
-    assert "(a scalar)" in msg and "ratio ≈ 4" in msg
+    assert "(a scalar)" in msg and "It is 4x the reference." in msg
+
+
+# Causes a single tensor cannot tell apart: each a ratio the message states, with no cause named.
+NO_CAUSE = ("summed", "averaged", "divided", "twice", "sign (loss", "computed", "Hint")
+
+
+def test_close_states_a_constant_ratio_and_names_no_cause(ref):
+    """One tensor 4x, 1/4 of, -1x or 0x its reference: the ratio is a fact; a sum not averaged, a
+    loss summed over 4 rows, a flipped update all fit 4x or -1x, so no cause is named."""
+    for got, says in ((4 * ref, "Every element is 4x the reference."),
+                      (ref / 4, "Every element is 1/4 of the reference."),
+                      (-ref, "Every element is the reference with the opposite sign (-1x)."),
+                      (0 * ref, "Every element is zero, where the reference is not."),
+                      (0.731 * ref, "Every element is 0.731x the reference.")):
+        msg = fails(check.assert_close, got, ref, "w")
+        assert says in msg and not any(w in msg for w in NO_CAUSE), msg
+    noisy = ref * 4 + 0.01 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(3))
+    assert "Every element" not in fails(check.assert_close, noisy, ref, "w")  # no single factor
+    # two numbers always have some ratio: an arbitrary one is not stated for fewer than 4 elements
+    assert "x the reference" not in fails(check.assert_close, torch.tensor([0.731, 1.462]), torch.tensor([1.0, 2.0]))
 
 
 # ---------------------------------------------------------------- params / grads
@@ -158,14 +178,39 @@ def test_grads_averaged_pass_summed_fail():
     averaged = {k: sum(g[k] for g in local) / 4 for k in ref}
     summed = {k: sum(g[k] for g in local) for k in ref}
     check.assert_grads_match(averaged, ref, rank=0, world_size=4)
+    # every gradient N x the reference, with N known: the one reduction mistake that fits is named
     msg = fails(check.assert_grads_match, summed, ref, rank=0, world_size=4)
-    assert "summed, not averaged" in msg and "ratio ≈ N = 4" in msg
-    msg = fails(check.assert_grads_match, summed, ref, rank=0)  # world size unknown
-    assert "summed, not averaged" in msg and "ratio ≈ 4" in msg
+    assert "Every gradient is 4x the reference, and 4 is the world size N." in msg
+    assert "Hint: the gradients were summed over the 4 ranks, not averaged" in msg
+    msg = fails(check.assert_grads_match, summed, ref, rank=0)  # world size unknown: the fact only
+    assert "Every gradient is 4x the reference." in msg and "Hint" not in msg and "summed" not in msg
     twice = {k: v / 4 for k, v in averaged.items()}
-    assert "1/4" in fails(check.assert_grads_match, twice, ref, world_size=4)
-    halved = {k: v / 2 for k, v in averaged.items()}
-    assert "ratio ≈ 1/2" in fails(check.assert_grads_match, halved, ref, world_size=4)
+    msg = fails(check.assert_grads_match, twice, ref, world_size=4)
+    assert "Every gradient is 1/4 of the reference, and 4 is the world size N." in msg
+    assert "Hint: the gradients were divided by the world size twice" in msg
+    halved = {k: v / 2 for k, v in averaged.items()}  # 1/2 is neither N nor 1/N: no cause
+    msg = fails(check.assert_grads_match, halved, ref, world_size=4)
+    assert "Every gradient is 1/2 of the reference." in msg and "Hint" not in msg
+
+
+def test_grads_cause_needs_every_tensor():
+    """The pieces are the tensors: N x on some and right on another rules "summed" out, and two
+    ratios on different tensors fit no one mistake; each ratio is still stated, per tensor."""
+    torch.manual_seed(0)
+    ref = _grads(_model(0), torch.randn(8, 4))
+    partly = {k: (4 * v if k != "2.bias" else v.clone()) for k, v in ref.items()}
+    msg = fails(check.assert_grads_match, partly, ref, rank=0, world_size=4)
+    assert "The 3 gradients that differ are each 4x the reference, and 4 is the world size N; " \
+           "the other one matches." in msg and "Hint" not in msg
+    mixed = {k: (4 * v if k.endswith("weight") else v / 4) for k, v in ref.items()}
+    msg = fails(check.assert_grads_match, mixed, ref, rank=0, world_size=4)
+    assert "'0.weight', '2.weight' are 4x the reference" in msg and "'0.bias', '2.bias' are 1/4 of" in msg
+    assert "Hint" not in msg
+    one_off = {k: (4 * v if k.endswith("weight") else v + 1) for k, v in ref.items()}
+    msg = fails(check.assert_grads_match, one_off, ref, rank=0, world_size=4)
+    assert "The other 2 that differ are no constant multiple of the reference." in msg and "Hint" not in msg
+    msg = fails(check.assert_params_match, {k: 4 * v for k, v in ref.items()}, ref, rank=0)
+    assert "Every parameter is 4x the reference." in msg and "Hint" not in msg  # parameters: no cause
 
 
 def test_grads_from_module_and_missing_grad():
@@ -276,8 +321,15 @@ def test_collective_result_ranges():
     msg = fails(check.assert_collective_result, broken, total, "all_reduce")
     assert "rank 2's result differs from all_reduce at elements 1, 5..7" in msg
     assert "rank 0" not in msg and "rank 1" not in msg
-    msg = fails(check.assert_collective_result, [total * n] * n, total / n * n, "all_reduce")
-    assert "summed, not averaged" in msg
+    # N x the expected result fits a result reduced twice, a SUM where the op averages, an input
+    # added N times: the ratio and the ranks are stated, no cause
+    msg = fails(check.assert_collective_result, [total * n] * n, total, "all_reduce")
+    assert "On every rank the result is 4x the expected one, and 4 is the number of ranks N." in msg
+    assert not any(w in msg for w in NO_CAUSE), msg
+    mixed = [total * n, total.clone(), total / 2, total + 1]
+    msg = fails(check.assert_collective_result, mixed, total, "all_reduce")
+    assert "On rank 0 the result is 4x the expected one" in msg and "On rank 2 the result is 1/2 of" in msg
+    assert "rank 3 the result" not in msg and not any(w in msg for w in NO_CAUSE), msg
 
 
 def test_collective_per_rank_lists_and_counts():

@@ -10,13 +10,20 @@ with the one mistake its name says.  Among them, answers with the right
 numbers that break a stated rule: every rank stepping the whole model
 (``zero1_full_model``, ``zero2_steps_every_param``, ``zero3_full_master``),
 a formula taken from ``parlab.cost`` (``memory_from_cost``,
-``comm_from_cost``).  tests/ranks/test_lab05.py runs every fixture, batched
-into one launch per world size.
+``comm_from_cost``).  Answers whose parameters differ must also say which
+state of the optimizers first differs, at which step and on which ranks:
+the gradient (``zero1_grad_at_floor_offset``, a gradient shard taken at
+another offset; ``zero3_summed``; ``zero2_divided_twice``), the momentum or
+Adam's moments (``zero1_new_optimizer_each_step``, ``zero3_state_emptied``),
+the fp32 master values (``zero2_master_from_wrong_offset``), or how often a
+shard was stepped (``zero3_steps_in_hook``).  tests/ranks/test_lab05.py runs
+every fixture, batched into one launch per world size.
 """
 import torch
 import torch.distributed as dist
 
 import parlab
+from wrong_answers import says
 
 
 # ------------------------------------------------------------ shared pieces of the fixtures
@@ -144,6 +151,17 @@ class zero1_summed(_Flat):
     divide = False
 
 
+class zero1_grad_at_floor_offset(_Flat):
+    """Holds the shard at rank · ceil(Ψ / N) but takes its gradient at rank · (Ψ // N): the gradient
+    shard of other elements (Ψ = 83 on 3 ranks: 1 element off on rank 1, 2 on rank 2)."""
+
+    def scatter_grads(self):
+        g = self.grads()
+        dist.all_reduce(g)
+        lo = self.rank * (self.numel // self.n)
+        return g[lo:lo + self.chunk] / self.n
+
+
 class zero1_crashes_on_frozen(_Flat):
     """Flattens every parameter's .grad, frozen ones included: None has no reshape."""
 
@@ -205,6 +223,13 @@ class zero2_summed(_Freeing):
     divide = False
 
 
+class zero2_divided_twice(_Freeing):
+    """Divides each rank's gradient by world_size before the reduce-scatter, and the sum again after."""
+
+    def grads(self):
+        return super().grads() / self.n
+
+
 class zero2_zero_fills_frozen(_ZeroFilled):
     """ZeRO-2 that zero-fills the frozen parameters' gradients: weight decay moves them."""
 
@@ -229,6 +254,18 @@ class zero2_keeps_flat_buffer(_Flat):
         self.shard.grad = mine / self.n
         self.opt.step()
         self.gather()
+
+
+class zero2_master_from_wrong_offset(_Freeing):
+    """Steps its shard right, then copies the gathered parameters back into its fp32 shard (to keep
+    it in sync) from rank · (Ψ // N), not rank · ceil(Ψ / N): the next step starts from other values."""
+
+    def gather(self):
+        super().gather()
+        flat = self.padded([p.detach() for p in self.params])
+        lo = self.rank * (self.numel // self.n)
+        with torch.no_grad():
+            self.shard.copy_(flat[lo:lo + self.chunk])
 
 
 class zero2_steps_every_param(_Flat):
@@ -370,6 +407,24 @@ class zero3_kept_after_backward(_Layers):
             super().grad_ready(u)
         finally:
             self.free_after_forward = True
+
+
+class zero3_state_emptied(_Layers):
+    """Steps the shards, then empties the optimizer's state (to save its memory): the momentum starts over."""
+
+    def step(self):
+        self.opt.step()
+        self.opt.state.clear()
+
+
+class zero3_steps_in_hook(_Layers):
+    """Steps the optimizer as soon as a layer's gradient shard is ready, and again in step(): the
+    shards whose gradient is already there are stepped once per hook."""
+
+    def grad_ready(self, u):
+        super().grad_ready(u)
+        if u["ready"] == 0:
+            self.opt.step()
 
 
 class zero3_full_master(_Layers):
@@ -707,20 +762,46 @@ WRONG = {
     "zero1": [(zero1_full_model, "whole model"), (zero1_shards_off_by_one, "do not cover every element"),
               (zero1_no_all_gather, "All-gather the updated shards"), (zero1_summed, "not averaged"),
               (zero1_never_writes_back, "never written back"),
-              (zero1_new_optimizer_each_step, ("before forward 2", "optimizer state (momentum")),
+              (zero1_new_optimizer_each_step, says(
+                  "before forward 2", "the first state of the optimizers that differs is SGD's momentum "
+                  "(momentum_buffer), at step 2, on ranks 0, 1 and 2",
+                  "the gradient the optimizers stepped with matched on every rank",
+                  "state starts over at every step", never=("summed", "gradient the optimizers stepped with, at"))),
+              (zero1_grad_at_floor_offset, says(
+                  "the first state of the optimizers that differs is the gradient the optimizers stepped "
+                  "with, at step 1, on ranks 1 and 2", "rank 1's shard of elements 28..55",
+                  "its values are the reference's at elements 27..54, -1 from the elements the shard holds",
+                  never=("momentum", "Hint", "summed"))),
               (zero1_no_reduce, ("the rank whose shard holds it", "never reduced over the ranks")),
               (zero1_crashes_on_frozen, "shard only the parameters with p.requires_grad"),
               (zero1_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
               (zero1_writes_every_param, "never write into the frozen ones")],
     "zero2": [(zero2_all_reduce, "no `dist.all_reduce`"), (zero2_keeps_grads, "still hold gradients"),
+              (zero2_master_from_wrong_offset, says(
+                  "the first state of the optimizers that differs is the shard's values after the step "
+                  "(the fp32 master), at step 2, on ranks 1 and 2",
+                  "the gradient the optimizers stepped with and SGD's momentum (momentum_buffer) matched",
+                  never=("Hint", "summed", "starts over"))),
               (zero2_summed, "not averaged"),
+              (zero2_divided_twice, says("the gradients were divided by world_size twice",
+                                         "it is 1/3 of the reference, and 3 is the world size N",
+                                         never="summed")),
               (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
               (zero2_keeps_flat_buffer, "the size of the whole gradient"),
               (zero2_steps_every_param, "every rank steps every parameter")],
     "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
-              (zero3_all_reduce, "reduce-scatter"), (zero3_summed, "not averaged"),
+              (zero3_all_reduce, "reduce-scatter"),
+              (zero3_summed, says("not averaged", "the gradient the optimizers stepped with, at step 1, on "
+                                  "ranks 0, 1 and 2", "it is 3x the reference, and 3 is the world size N")),
+              (zero3_state_emptied, says(
+                  "SGD's momentum (momentum_buffer), at step 2, on ranks 0, 1 and 2",
+                  "the gradient the optimizers stepped with matched", "state starts over at every step",
+                  never="summed")),
+              (zero3_steps_in_hook, says(
+                  "which elements the optimizers stepped, and how often, at step 1", "times in that step; single-process "
+                  "training steps once", never=("Hint", "summed", "starts over"))),
               (zero3_keeps_full_grads, "still hold their full gradients"),
               (zero3_kept_after_backward, "after the backward of step"),
               (zero3_full_master, "every rank steps every parameter")],

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from .closeness import backend_aware, same_values
 from .phrases import names_phrase, rank_phrase
-from .tensors import tensor_mismatch
+from ..grading.diagnosis import hint
+from .tensors import ratio_of, ratios_sentence, reduction_cause, tensor_mismatch
 
 
 def named_differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -81,19 +82,27 @@ def _match_named(got: Any, expected: Any, rank, what: str, rtol, atol,
     if problem:
         raise AssertionError(problem)
     failures: list[tuple[str, str]] = []
+    ratios: dict[str, float | None] = {}  # each differing tensor's constant ratio to its reference
+    right = 0                             # tensors that match a nonzero reference
     for name, ref in e.items():
         if what == "gradient" and g[name] is None:
             failures.append((name, f"'{name}' has no gradient (None): was it used in the "
                                    "forward pass, and did backward() run?"))
+            ratios[name] = None
             continue
-        msg = tensor_mismatch(g[name], ref, name, None, rtol, atol, what=what, world_size=world_size)
+        msg = tensor_mismatch(g[name], ref, name, None, rtol, atol, world_size=world_size, ratio=False)
         if msg:
             failures.append((name, msg))
+            ratios[name] = ratio_of(g[name], ref)
+        else:
+            right += isinstance(ref, Tensor) and bool((ref != 0).any())
     if failures:
         names = [n for n, _ in failures]
+        cause = reduction_cause(ratios, right, world_size) if what == "gradient" else ""
         raise AssertionError(
             f"{rank_phrase(rank)}{len(failures)} of {len(e)} {what}s do not match the reference "
-            f"({names_phrase(names)}). First: {failures[0][1]}")
+            f"({names_phrase(names)}). First: {failures[0][1]}"
+            + ratios_sentence(ratios, len(e), what, world_size) + hint(cause))
 
 
 @backend_aware
@@ -114,8 +123,16 @@ def assert_grads_match(got: Mapping[str, Tensor] | nn.Module, expected: Mapping[
                        rtol: float | None = None, atol: float | None = None) -> None:
     """Like ``assert_params_match`` for gradients (a module's ``.grad`` fields).
 
-    A gradient that is a constant multiple of the reference is named: N x the
-    reference means summed instead of averaged, 1/N means averaged twice.
-    Pass ``world_size`` so the hint can say N.
+    The ratio of each differing gradient to the reference is stated when it is
+    one constant, with its relation to ``world_size`` N.  A cause is named only
+    with ``world_size``, which states this check's contract: ``got`` is the
+    average over N ranks of each rank's gradient of the caller's loss, and
+    ``expected`` the gradient of that loss on the whole batch.  The loss and
+    the batch being the reference's, a factor common to every gradient comes
+    from the reduction: N when the sum was not divided, 1/N when it was divided
+    a second time.  So "summed" ("divided twice") is named only when every
+    gradient that differs is N (1/N) times the reference and none matches a
+    nonzero reference (``diagnosis.diagnose``, one piece per tensor); a ratio
+    on some tensors only, or any other factor, is stated with no cause.
     """
     _match_named(got, expected, rank, "gradient", rtol, atol, world_size)

@@ -4,9 +4,12 @@
 and gloo's wordings of collective sizes that are not world_size equal pieces
 (an unpadded flat vector), a frozen parameter's ``.grad`` of None, a layer
 freed before its backward read it.  ``wrong_params`` and ``frozen_moved``
-name the likely mistake behind parameters that differ from single-process
-training: shards never written back or not covering every element,
-gradients summed instead of averaged, frozen parameters stepped.
+say how parameters differ from single-process training, and name the
+mistake where the parameters show it: shards never written back or not
+covering every element (the parameters that never moved), frozen
+parameters shrunk by exactly the weight decay; otherwise which step's
+update first differs and which state of the optimizers (``states``), with
+a cause only when ``zero`` diagnosed one from every rank.
 """
 from __future__ import annotations
 
@@ -67,11 +70,12 @@ def error_hint(text: str) -> str:
 
 
 def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, every: list,
-                 named: str = "") -> str:
-    """Name the mistake behind parameters that differ from single-process training, when the evidence
-    shows it: updates never written back or not reaching every element, a known scale of the first
-    update, or ``named`` (a known training mistake every rank's parameters show); otherwise say which
-    step's update first differs and where."""
+                 named: str = "", state: str = "") -> str:
+    """Say how parameters differ from single-process training and name the mistake the evidence
+    shows: updates never written back or not reaching every element, or ``named`` (the one known
+    training mistake every rank's parameters show, from ``zero``).  Otherwise which step's update
+    first differs and where.  ``state`` (``states.first_difference``: which state of the optimizers
+    first differs) follows the parameters' facts, before the cause."""
     count = int(bad.sum())
     head = (f"{where}, {count} of {case.numel} parameters differ from single-process training "
             f"before forward {s} (after {s} step{'s' if s != 1 else ''}).")
@@ -92,17 +96,8 @@ def wrong_params(where: str, s: int, got, want, ref: list, bad, case, n: int, ev
         return (head + " Those parameters were never updated on this rank: only its own shard "
                 "moved. All-gather the updated shards after the step, so every rank holds the "
                 "whole updated model.")
-    if s == 1 and case.optim == "sgd":
-        d_got, d_ref = got - ref[0], ref[1] - ref[0]
-        scale = float((d_got * d_ref).sum() / (d_ref * d_ref).sum()) if bool(d_ref.any()) else 0.0
-        if abs(scale - n) < 1e-3 * n and n > 1:
-            return (head + f" The first update is {n} = world_size times too large: the gradients "
-                    "were summed over the ranks, not averaged (divide by world_size).")
-        if abs(scale - 1 / n) < 1e-3:
-            return head + " The first update is 1/world_size of the right one: divided twice?"
-    if named:
-        return f"{head} {named}"
     i = int(bad.nonzero()[0])
-    first = (f" They matched it before forward {s - 1}, so step {s}'s update is the first that differs."
-             if s >= 1 else "")
-    return head + first + f" The first is parameter {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}."
+    first = ("" if s < 1 else f" They matched it before forward {s - 1}, so step {s}'s update is the first "
+             "that differs." if s > 1 else " Step 1's update, the first, differs.")
+    facts = head + first + f" The first is parameter {i}: got {float(got[i]):.6g}, expected {float(want[i]):.6g}."
+    return facts + (f"\n{state}" if state else "") + (f"\nHint: {named}" if named else "")

@@ -13,7 +13,12 @@ all-gather.  What each rank holds is measured there and after each step
 numbers and still fails.  For ZeRO-1/2 the last case freezes two parameters
 (``requires_grad=False``): only the trainable ones are sharded, and the
 frozen ones must stay bit-identical, as with a single-process AdamW, which
-skips a parameter whose ``.grad`` is None.  ``hints`` names the mistakes.
+skips a parameter whose ``.grad`` is None.  When the parameters differ,
+``hints`` says how, ``states`` which state of the answer's optimizers first
+differs (gradient, momentum, variance, master values, at which step, on
+which rank), and a cause is named only when every rank's parameters are
+what one known mistake gives and no other's (``reference``'s variants,
+``diagnosis.diagnose``).
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from ...launch.runtime import device
 from ..diagnosis import diagnose
 from ..harness import Graded
 from ..plain import plain
-from . import hints, rules
+from . import hints, rules, states
 
 INIT_SEED, DATA_SEED = 3, 17
 ADAMW_TOLS = (1e-4, 1e-5)  # rtol, atol: AdamW divides by sqrt(v), which magnifies reduction noise
@@ -116,18 +121,26 @@ def reference(case: Case, n: int, variant: str = "", rank: int = 0) -> list[torc
     """Flat parameters before step 0, 1, ..., steps of single-process training on the whole batch.
 
     A ``variant`` is the same training with one known mistake, to recognise it by its parameters
-    (``hints.wrong_params``): "fresh", a new optimizer every step (its momentum and variance lost);
-    "own rows", ``rank``'s rows of the batch only (its gradient never reduced over the ranks).
+    (``_named``): "fresh", a new optimizer every step (its momentum and variance lost); "own rows",
+    ``rank``'s rows of the batch only (its gradient never reduced over the ranks); "summed" and
+    "twice", every gradient ``n`` times and 1/``n`` of the average.
     """
-    return [t.clone() for t in _reference(case, n, variant, rank)]
+    return [t.clone() for t in _trained(case, n, variant, rank)[0]]
+
+
+def reference_steps(case: Case, n: int) -> tuple[dict, ...]:
+    """Per step, what single-process training's optimizer stepped with and held after it
+    (``states.reference_step``)."""
+    return _trained(case, n, "", 0)[1]
 
 
 @functools.lru_cache(maxsize=256)
-def _reference(case: Case, n: int, variant: str, rank: int) -> tuple[torch.Tensor, ...]:
+def _trained(case: Case, n: int, variant: str, rank: int) -> tuple[tuple[torch.Tensor, ...], tuple[dict, ...]]:
     model = case.build()
     trainable = [p for p in model.parameters() if p.requires_grad]  # frozen ones never move
     opt = case.optimizer(trainable)
-    flats = []
+    flats, stepped = [], []
+    scale = {"summed": n, "twice": 1 / n}.get(variant, 1)
     for s in range(case.steps + 1):
         flats.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
         if s < case.steps:
@@ -138,8 +151,12 @@ def _reference(case: Case, n: int, variant: str, rank: int) -> tuple[torch.Tenso
                 opt = case.optimizer(trainable)
             model.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
+            if scale != 1:
+                for p in trainable:
+                    p.grad.mul_(scale)
             opt.step()
-    return tuple(flats)
+            stepped.append(states.reference_step(opt, trainable))
+    return tuple(flats), tuple(stepped)
 
 
 # ---------------------------------------------------------------- on the ranks
@@ -151,10 +168,13 @@ def runner(stage: int):
         rank, n = dist.get_rank(), dist.get_world_size()
         model = case.build().to(device())
         made: list[torch.optim.Optimizer] = []
+        record = states.Recorder()  # what the optimizers were handed and stepped with
 
         def make_optimizer(tensors):
-            opt = case.optimizer(list(tensors))
+            tensors = list(tensors)
+            opt = case.optimizer(tensors)
             made.append(opt)
+            record.optimizer(opt, tensors)
             return opt
 
         with spy.watch():
@@ -168,6 +188,7 @@ def runner(stage: int):
         for k, layer in enumerate(layers_of(model)):
             layer.register_forward_pre_hook(lambda mod, args, k=k: look(mod, args, k))
         for s in range(case.steps + 1):
+            record.phase = s
             # (rows, dims[0]) and (rows, dims[-1]): this rank's rows of the (rows·n, ...) global batch
             x, y = (t[rank * case.rows:(rank + 1) * case.rows].to(device()) for t in case.batch(s, n))
             flats.append([])
@@ -183,7 +204,7 @@ def runner(stage: int):
                 p.grad = None
         spy.note("optimizers", optimizers=[rules.optimizer_facts(o) for o in made])
         # per step (numel,): every layer's parameters as the forward saw them, flat
-        return {"flats": [plain(torch.cat(f)) if f else None for f in flats]}
+        return {"flats": [plain(torch.cat(f)) if f else None for f in flats], "optimizers": record.result()}
     return run
 
 
@@ -216,20 +237,28 @@ def grade(g: Graded) -> str | None:
                 bad = ~check.close_mask(got, want, *tols(case))
                 if bool(bad.any()):
                     every = [other["flats"][s] for other in g.at(i)]
+                    state = states.first_difference(case, g.n, s, g.at(i), ref, reference_steps(case, g.n))
                     return hints.wrong_params(where, s, got, want, ref, bad, case, g.n, every,
-                                              _state_named(case, g.n, s, every))
+                                              _named(case, g.n, s, every), state)
     return None
 
 
-#: The training mistakes recognised by the parameters they leave (``reference``'s variants).
-_STATES = {
-    "fresh": "They are what training gives with a new optimizer at every step: the optimizer state "
-             "(momentum, and Adam's variance) is lost between steps. Create each shard's optimizer once, "
-             "in __init__, and step that one every time.",
-    "unreduced": "Each element is what training on the rows of the rank whose shard holds it gives: "
-                 "each rank stepped its shard with its own gradient, never reduced over the ranks "
-                 "(reduce-scatter the gradients, then average).",
-}
+def _mistakes(n: int) -> dict[str, str]:
+    """The training mistakes recognised by the parameters they leave (``reference``'s variants,
+    and "unreduced"), each with its sentence."""
+    return {
+        "fresh": "They are what training gives when the optimizer's state starts over at every step "
+                 "(a new optimizer, or its state emptied): the momentum, and Adam's moments, are lost "
+                 "between steps. Build each shard's optimizer once, in __init__, and keep stepping it.",
+        "unreduced": "Each element is what training on the rows of the rank whose shard holds it gives: "
+                     "each rank stepped its shard with its own gradient, never reduced over the ranks "
+                     "(reduce-scatter the gradients, then average).",
+        "summed": f"They are what training gives with every gradient {n}x the average, and {n} is "
+                  "world_size: the gradients were summed over the ranks, not averaged (divide the "
+                  "reduced sum by world_size).",
+        "twice": f"They are what training gives with every gradient 1/{n} of the average, and {n} is "
+                 "world_size: the gradients were divided by world_size twice.",
+    }
 
 
 def _unreduced(case: Case, n: int, s: int) -> torch.Tensor:
@@ -244,13 +273,16 @@ def _unreduced(case: Case, n: int, s: int) -> torch.Tensor:
     return out
 
 
-def _state_named(case: Case, n: int, s: int, every: list) -> str:
-    """The one known mistake whose parameters every rank holds before forward ``s``, or ""."""
-    expected = {"fresh": reference(case, n, "fresh")[s], "unreduced": _unreduced(case, n, s)}
+def _named(case: Case, n: int, s: int, every: list) -> str:
+    """The one known mistake whose parameters every rank holds before forward ``s``, or "": each
+    rank is a piece, and a mistake is named when its parameters match on every rank and no other
+    mistake's do (with n = 1 "summed" and "twice" are the reference, and never match)."""
+    expected = {"fresh": reference(case, n, "fresh")[s], "unreduced": _unreduced(case, n, s),
+                "summed": reference(case, n, "summed")[s], "twice": reference(case, n, "twice")[s]}
     pieces = []
     for got in every:
         fits = {}
-        for variant, sentence in _STATES.items():
+        for variant, sentence in _mistakes(n).items():
             want = expected[variant]
             if (isinstance(got, torch.Tensor) and got.shape == want.shape
                     and bool(check.close_mask(got, want, *tols(case)).all())):
