@@ -183,13 +183,93 @@ def zero_memory_per_gpu(n_params: float, dp: int, stage: int, weight_bytes: floa
 
 
 RECOMPUTE = ("none", "selective", "full")
+#: Every mode priced: ``RECOMPUTE`` (Megatron-LM's: none, Korthikanti's selective, full) and torchtitan's
+#: op-level selective checkpointing, "op" (``op_sac_saved``), which only torchtitan runs.
+RECOMPUTE_MODES = RECOMPUTE + ("op",)
 
 
 def recompute_mode(recompute) -> str:
-    """``"none"``, ``"selective"`` or ``"full"``; the old bool still works (False -> "none", True -> "full")."""
+    """``"none"``, ``"selective"``, ``"full"`` or ``"op"``; the old bool still works (False -> "none", True -> "full")."""
     if recompute is True or recompute is False:
         return "full" if recompute else "none"
-    return _choice("recompute", recompute, RECOMPUTE)
+    return _choice("recompute", recompute, RECOMPUTE_MODES)
+
+
+def op_sac_matmuls(h: int, a: int, ffn: int | None = None, gated: bool = True,
+                   kv_heads: int | None = None) -> list[tuple[str, float, float, bool, bool]]:
+    """One Llama block's matmuls in the order its forward runs them, as torchtitan's op-level selective
+    checkpointing counts them: (name, input width, output width, rowwise under TP, saved).
+
+    torchtitan's policy (``_custom_policy`` in ``_apply_ac_to_transformer_block``,
+    torchtitan/parallelisms/parallelize_llama.py at 9dec370, the commit its Llama 3.1 8B table was run
+    with; torchtitan/models/llama3/infra/parallelize.py later) counts every ``aten.mm`` of a block's
+    forward and saves the output of the odd ones (1st, 3rd, ...), recomputing "every second mm".  A
+    Llama block runs wq, wk, wv (attention), wo, then w1, w3, w2 (``w2(silu(w1(x)) * w3(x))``,
+    torchtitan/models/llama/model.py): wq, wv, w1 and w2 are saved, wk, wo and w3 recomputed.  A
+    GeLU MLP (not gated) runs up then down: wq, wv and up saved, wk, wo and down recomputed.  Widths
+    are full (before TP): wq's h, wk's and wv's h·kv_heads/a, the MLP's ffn.  wo and the MLP's last
+    are rowwise under TP."""
+    kv = h * (kv_heads or a) / a
+    f = ffn or 4 * h
+    mlp = [("w1", h, f, False), ("w3", h, f, False), ("w2", f, h, True)] if gated else \
+        [("up", h, f, False), ("down", f, h, True)]
+    order = [("wq", h, h, False), ("wk", h, kv, False), ("wv", h, kv, False), ("wo", h, h, True)] + mlp
+    return [(name, k, n, row, i % 2 == 1) for i, (name, k, n, row) in enumerate(order, start=1)]
+
+
+def op_sac_saved(s: int, b: int, h: int, a: int, t: int = 1, ffn: int | None = None, gated: bool = True,
+                 kv_heads: int | None = None) -> dict[str, float]:
+    """Bytes one Llama block keeps from forward to backward under torchtitan's op-level selective
+    checkpointing, on one GPU, by tensor (bf16 activations, as torchtitan trains with
+    ``mixed_precision_param = "bfloat16"``).
+
+    Its save list (``_save_list``, torchtitan 9dec370) is ``aten.mm`` (all but every second,
+    ``op_sac_matmuls``), SDPA's flash and memory-efficient kernels, ``_c10d_functional.reduce_scatter_tensor``
+    and, for float8, ``abs``/``max`` (none in a bf16 block).  Kept, with s·b tokens of width h:
+      input        the block's input, which the checkpoint holds to rerun it: 2·sbh (÷ t under TP, whose
+                   sequence parallelism keeps the block input ``Shard(1)``);
+      mm outputs   wq 2·sbh, wv 2·sbh·kv_heads/a, w1 2·sb·ffn (each ÷ t: colwise), and w2's 2·sbh
+                   (rowwise: under TP its output is the partial sum, whole, before the reduce-scatter);
+      attention    SDPA's output 2·sbh and its logsumexp, fp32 per row and head: 4·s·b·a (each ÷ t).
+                   On an H100 in bf16 with causal masking SDPA runs FlashAttention-2,
+                   ``aten._scaled_dot_product_flash_attention``, whose outputs these are (torch's
+                   backend order puts flash first: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+                   ``priority_order``); its other outputs (RNG state, debug mask) are empty for dropout 0;
+      reduce-scatter  under TP (t > 1) the two rowwise outputs reduce-scattered to ``Shard(1)``
+                   (torchtitan's plan: ``rowwise_parallel(output_layouts=Shard(1))``): 2·sbh/t each.
+    Recomputed in backward: wk, wo, w3, the norms, rotary embedding, SiLU and product, and under TP the
+    two all-gathers of the norms' outputs (``op_sac_recomputed_flops``).  For the Llama 3 8B shape
+    (h = 4096, a = 32, kv_heads = 8, ffn = 14,336, t = 1) that is (8 + 2·kv/a + 2·ffn/h + 4a/h)·sbh =
+    15.53·sbh, against Korthikanti's 34·sbh without recomputation and 2·sbh under "full".
+    Measured on CPU in tests/unit/test_op_sac.py (a small Llama block under ``torch.utils.checkpoint``
+    with this rule, CPU's flash kernel standing in for the GPU's).
+    """
+    for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
+        _nonneg(name, x)
+    _at_least_one("t", t)
+    sb = s * b
+    out = {"input": 2 * sb * h / t}
+    for name, _, width, rowwise, saved in op_sac_matmuls(h, a, ffn, gated, kv_heads):
+        if saved:
+            out[name] = 2 * sb * width / (1 if rowwise else t)
+    out["attention"] = 2 * sb * h / t
+    out["logsumexp"] = 4 * sb * a / t
+    if t > 1:
+        out["reduce-scatter"] = 2 * 2 * sb * h / t
+    return out
+
+
+def op_sac_recomputed_flops(h: int, a: int, t: int = 1, ffn: int | None = None, gated: bool = True,
+                            kv_heads: int | None = None) -> float:
+    """FLOPs per token that torchtitan's op-level selective checkpointing recomputes in one block's
+    backward, on one GPU: the matmuls it does not save (``op_sac_matmuls``: wk, wo, w3 in a Llama
+    block), 2·(in·out)/t each, 2·(h·h·kv_heads/a + h² + h·ffn)/t.  For Llama 3 8B that is 36.5 % of the
+    block's forward matmul FLOPs.  Attention is saved, not recomputed.  The cheap ops it reruns (the norms,
+    rotary embedding, SiLU, the product, the first residual add) are memory-bound kernels, not counted
+    here (the planner's calibrated model times them).  Under TP the two all-gathers of the norms' outputs
+    run again; the reduce-scatters do not (saved)."""
+    _at_least_one("t", t)
+    return sum(2 * k * n for _, k, n, _, saved in op_sac_matmuls(h, a, ffn, gated, kv_heads) if not saved) / t
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -246,13 +326,21 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: b
     sequence parallelism (the default, False) keeps its sequence shard and all-gathers it again in
     backward (Korthikanti et al. 2022, §4.2.2; megatron/core/tensor_parallel/layers.py,
     ``LinearWithGradAccumulationAndAsyncCommunication``).  Only with ``sp``, t > 1 and 16-bit caching.
-    ``recompute`` is "none", "selective" or "full" (or a bool: True = "full").
+    ``recompute`` is "none", "selective" or "full" (or a bool: True = "full"), or "op": torchtitan's
+    op-level selective checkpointing (``op_sac_saved``, summed), for a Llama-shaped block with SDPA
+    (``scores=False``), 16-bit caching, no MLA, and sequence parallelism whenever t > 1 (torchtitan's TP).
     """
     for name, x in (("s", s), ("b", b), ("h", h), ("a", a)):
         _nonneg(name, x)
     _at_least_one("t", t)
     mode = recompute_mode(recompute)
     _choice("cache", cache, ACTIVATION_CACHES)
+    if mode == "op":
+        if scores or cache != "bf16" or qk_dim or v_dim or latent or (t > 1 and not sp):
+            raise ValueError("recompute=\"op\" (torchtitan's op-level selective checkpointing) is priced for a "
+                             "Llama block with SDPA (scores=False), bf16 caching, no MLA, and sequence parallelism "
+                             "with t > 1, as torchtitan runs it")
+        return sum(op_sac_saved(s, b, h, a, t, ffn, gated, kv_heads).values())
     sbh = s * b * h
     if mode == "full":
         return 2 * sbh / (t if sp else 1)

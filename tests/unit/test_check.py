@@ -63,11 +63,12 @@ def test_close_fails_with_name_rank_index_and_values(ref):
     assert f"{got[5, 2].item():.6g}" in msg and f"{ref[5, 2].item():.6g}" in msg
 
 
-def test_close_shape_mismatch_suggests_shard():
+def test_close_shape_mismatch_says_how_the_shapes_relate():
     msg = fails(check.assert_close, torch.zeros(64, 32), torch.zeros(64, 64),
                 "blocks.0.attn.q.weight", 2)
     assert "rank 2: 'blocks.0.attn.q.weight' has shape (64, 32) but the reference has (64, 64)" in msg
-    assert "only your shard" in msg
+    assert "dim 1 is 1/2 of the reference's, the size of one of 2 equal shards" in msg
+    assert "did you" not in msg
     assert "transpose" in fails(check.assert_close, torch.zeros(3, 5), torch.zeros(5, 3))
 
 

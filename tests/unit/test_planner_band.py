@@ -69,6 +69,12 @@ def test_seventy_b_on_64_is_a_band_priced_as_each_framework_runs_it(bands):
     assert f"needs {sum(old.memory.values()) / 1e9:.1f} GB" in doc
     assert f"micro-batch {titan.plan.micro_batch}, is at {titan.share:.3f} of the fastest" in doc
     assert f"dp 64 with ZeRO-3 and full recomputation at {fsdp.share:.3f}" in doc
+    # under torchtitan's op-level checkpointing (opt-in to the search) that layout fits at micro-batch 4
+    from dataclasses import replace
+    op = planner_band.band(replace(work, op_sac=True)).find(dp=8, tp=8, pp=1)
+    assert op is not None and op.plan.recompute == "op" and op.notes["framework"] == "torchtitan"
+    assert f"fits at micro-batch {op.plan.micro_batch} ({sum(op.prediction.memory.values()) / 1e9:.1f} GB) and is " \
+        f"at {op.prediction.tokens_per_second / got.best.prediction.tokens_per_second:.3f} of the fastest" in doc
 
 
 def test_a_layout_is_counted_once_whatever_zero_stage_gives_the_same_prediction(bands):

@@ -172,8 +172,9 @@ def test_why_the_calibrated_model_is_not_the_default_is_written_with_its_figures
     doc = _doc()
     found = planner_published.ratios(calibrated_time=True)
     band = planner_published.error_band(calibrated_time=True)
-    assert all(abs(found[r.name] - 1) <= band for r in planner_published.RUNS)  # no known throughput miss left
-    widest = max(planner_published.RUNS, key=lambda r: abs(found[r.name] - 1))
+    # a known throughput miss (torchtitan's 8B on 8 H100s, its GPUs' peak unknown) is one under this model too
+    assert all(abs(found[r.name] - 1) > band for r in planner_published.RUNS if r.miss)
+    widest = max((r for r in planner_published.RUNS if not r.miss), key=lambda r: abs(found[r.name] - 1))
     assert f"takes {widest.name} at {found[widest.name]:.2f}" in doc
     mean = [statistics.mean(abs(v - 1) for v in planner_published.ratios(t).values()) for t in (False, True)]
     assert f"from {mean[0]:.3f} to {mean[1]:.3f}" in doc and mean[1] > mean[0]

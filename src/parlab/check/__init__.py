@@ -5,9 +5,11 @@ Each helper takes what the ranks returned (a list in rank order, as
 single-process reference.  On failure it raises ``AssertionError`` (nbgrader
 then marks the test cell as failed) with a message a student can act on: the
 name, the rank, how many elements are off, the largest absolute difference,
-the index where it is, the two values there, and a hint when the error has a
-recognisable shape (summed instead of averaged, a shard shifted by one row,
-ranks that never synchronised).
+the index where it is, the two values there, and what the difference shows
+as a fact (every element 4x the reference and 4 the world size, a shape one
+shard's size, ranks that disagree); a cause is named only where the evidence
+rules out the others (``parlab.grading.diagnosis``'s rule; see
+``named.assert_grads_match``).
 
     check.assert_grads_match(grads_rank0, ref_grads, rank=0, world_size=4)
     check.assert_same_across_ranks(params_per_rank, name="params")

@@ -51,19 +51,21 @@ def dtype_kind(dtype: torch.dtype) -> str:
 
 
 def shape_hint(got: torch.Size, exp: torch.Size) -> str:
-    """Guess what went wrong when the shapes differ."""
+    """How the two shapes relate, as a fact (one shard's size, k whole tensors, the same sizes
+    permuted, the same number of elements): a shape alone shows no cause, so none is named."""
     if len(got) == len(exp):
         diff = [d for d in range(len(exp)) if got[d] != exp[d]]
         if len(diff) == 1:
             d = diff[0]
             if got[d] and exp[d] % got[d] == 0:
-                return (f": dim {d} is 1/{exp[d] // got[d]} of the reference; did you "
-                        "return only your shard (all-gather it first)?")
+                k = exp[d] // got[d]
+                return (f": dim {d} is 1/{k} of the reference's, the size of one of {k} equal shards "
+                        f"along dim {d}")
             if exp[d] and got[d] % exp[d] == 0:
-                return (f": dim {d} is {got[d] // exp[d]}x the reference; did you "
-                        "concatenate full tensors instead of shards?")
+                k = got[d] // exp[d]
+                return f": dim {d} is {k}x the reference's, the size of {k} whole tensors joined along dim {d}"
         if sorted(got) == sorted(exp):
-            return ": same sizes in a different order; a missing transpose or permute?"
+            return ": the same sizes in another order, the shape of a transpose or permute of the reference"
     if got.numel() == exp.numel():
-        return ": same number of elements; a missing reshape or view?"
+        return ": the same number of elements in another shape"
     return ""

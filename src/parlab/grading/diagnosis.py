@@ -155,7 +155,8 @@ def which_term(got: float, want: float, changes: Sequence[tuple[Term, float, flo
             term, mine, theirs = scaled[0]
             return (f"When {term.name} doubles, your answer grows {mine:.4g} times, not {theirs:.4g} times: "
                     f"the factor that is wrong is {term.term}; the other inputs scale it as they should.")
-        wrong = scaled  # a product: the inputs whose factor is wrong, not every input whose change is
+        if len({t.term for t, _, _ in scaled}) == 1 < len({t.term for t, _, _ in wrong}):
+            wrong = scaled  # one factor explains what the changes, read additively, do not
     inputs = " and ".join(t.name for t, _, _ in wrong)
     if len({t.term for t, _, _ in wrong}) == 1:  # the inputs whose change is wrong all reach one term
         term = wrong[0][0].term

@@ -16,7 +16,8 @@ A *plan* places a model on a cluster: data-parallel ``dp``, context-parallel
 stage, a micro-batch size, the accumulation steps (micro-batches per step on
 each replica), the recomputation ("none", "selective", "full", and under "full"
 how many layers of each model chunk: ``recompute_layers``, Megatron-LM's block
-method; 0 is every layer), Megatron sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, the
+method, or every k-th layer: ``recompute_every``, torchtitan's; 0 is every layer; or "op",
+torchtitan's op-level selective checkpointing), Megatron sequence parallelism, interleaved 1F1B with ``v`` chunks per rank, the
 precision recipe, and under ZeRO-3 HSDP's shard groups (``shard``).  Ranks are ordered as
 Megatron orders them, tp fastest, then cp, dp, pp ("tp-cp-ep-dp-pp", Megatron-Core's RankGenerator;
 ``parlab.parallel.mesh`` puts TP innermost the same way).  Every formula lives in ``parlab.cost`` with its source.
@@ -47,8 +48,13 @@ returns the busiest stage's:
         interleaved from Megatron's warm-up).  Under "full" with ``recompute_layers``
         K (block recomputation) a share min(1, K·v/n) of a stage's n layers keep
         their input only and the others all of their activations
-        (``recomputed_share``).  Plus the transient working set of
-        one layer being recomputed (its "none" activations) under "full", or of
+        (``recomputed_share``; torchtitan's every k-th layer: floor(n/k) of them).
+        Under "op" (torchtitan's op-level selective checkpointing) each layer keeps
+        what torchtitan's policy saves (``cost.op_sac_saved``: its input, every matmul's
+        output but every second one, SDPA's output and logsumexp, under TP the
+        reduce-scatters' outputs).  Plus the transient working set of
+        one layer being recomputed (its "none" activations) under "full", its
+        "none" minus its "op" activations under "op", or of
         its scores under "selective"; plus, on the last stage, the logits of one
         micro-batch in fp32 for the loss (4·b·s·V/(tp·cp) bytes, vocab-parallel).
   Not counted: temporary communication buffers, FSDP's gathered bf16 layer,
@@ -60,7 +66,8 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            token plus 12·h·s per layer per token for attention, PaLM app. B; the
            output layer's 6·V·h; + the recomputed forward: 2 FLOPs per weight and
            4·h·s per layer under "full", for the recomputed share of the layers,
-           4·h·s under "selective" with stored scores) / (peak × efficiency(shape)),
+           4·h·s under "selective" with stored scores, and under "op" the matmuls
+           torchtitan recomputes, ``cost.op_sac_recomputed_flops``: wk, wo, w3) / (peak × efficiency(shape)),
            × m micro-batches.  The recomputed forward's TP, CP and EP collectives
            are counted for that share too.
            efficiency = ``Cluster.efficiency`` × M/(M + 128) × K/(K + 128), with
@@ -72,7 +79,8 @@ Time per step (seconds), the slowest stage's pace, as the sum of exposed parts:
            overlap the weight-gradient GEMM (Megatron's async all-reduce,
            ``CUDA_DEVICE_MAX_CONNECTIONS=1``) up to that GEMM's time; with SP the
            backward re-all-gather overlaps the input-gradient GEMM; under "full"
-           the recomputed forward's collectives are exposed again.
+           the recomputed forward's collectives are exposed again, under "op" its two
+           all-gathers (the reduce-scatters' outputs are saved).
   cp       as the plan's framework runs it (``planner_frameworks.cp_method``):
            Megatron-LM's ring (TransformerEngine's, 6(c − 1)/c·s·b·h_kv per layer,
            ``cost.cp_comm_elems_per_layer`` reverse_backward=True), whose K/V hops
@@ -169,12 +177,17 @@ __all__ = ["ModelSpec", "Cluster", "Plan", "Workload", "Prediction", "Problem", 
            "memory_per_gpu", "stage_memory", "stage_layers", "step_time", "tp_time", "cp_time", "pp_time", "ep_time", "dp_time",
            "hsdp_comm", "hsdp_grid", "optimizer_time", "bubble_stages", "ep_comm", "layer_flops", "problems", "ep_problems", "predict",
            "search", "candidates", "simplicity", "grid", "expert_grid", "axis_crosses", "fewest_recomputed", "recomputed_share", "time_to_train", "explained", "SCENARIOS", "DGX_H100",
-           "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE"]
+           "A100_40GB", "A100_80GB", "H100_SXM", "H200", "cpu_host", "PRECISIONS", "RECOMPUTE",
+           "RECOMPUTE_MODES", "op_sac_priced"]
 
 BF16 = 2  # bytes per element of weights and activations on the wire
 FP8 = 1
 PRECISIONS = tuple(cost.PRECISIONS)
-RECOMPUTE = cost.RECOMPUTE
+RECOMPUTE = cost.RECOMPUTE  # Megatron-LM's modes: none, Korthikanti's selective, full
+#: every mode a plan may ask for: ``RECOMPUTE`` and torchtitan's op-level selective checkpointing, "op"
+#: (``cost.op_sac_saved``, ``cost.op_sac_recomputed_flops``), which only torchtitan runs
+#: (``frameworks.RECOMPUTE_BY_FRAMEWORK``)
+RECOMPUTE_MODES = cost.RECOMPUTE_MODES
 TILE = 128  # GEMM dimension at which the efficiency factor is one half (one tensor-core tile)
 LOGIT_BYTES = 4  # fp32 logits for the loss
 CP_FROM = 16384  # the search tries context parallelism from this sequence length on
@@ -510,7 +523,10 @@ class Workload:
     ``precision`` is the recipe the search uses for its plans ("fp32_grads" by default).  ``hsdp``: True
     lets the search (``candidates``, ``search``, ``band``) try HSDP too (``Plan.shard``, every shard
     dividing dp); False, the default, keeps it to the plans lab 06's exercise searches (docs/planner.md,
-    "HSDP", says where HSDP would win).  ``predict`` prices an HSDP plan either way.
+    "HSDP", says where HSDP would win).  ``predict`` prices an HSDP plan either way.  ``op_sac``: True lets
+    the search try torchtitan's op-level selective checkpointing (``Plan(recompute="op")``) on the layouts
+    torchtitan runs, for models it prices (``op_sac_priced``); False, the default, keeps the search to the
+    modes lab 06 and the lecture's bands were drawn with (docs/planner.md, "torchtitan's checkpointing").
     """
 
     model: ModelSpec
@@ -519,6 +535,7 @@ class Workload:
     tokens: float = 0.0  # tokens to train on, for the time to train (0: not asked)
     precision: str = "fp32_grads"
     hsdp: bool = False
+    op_sac: bool = False
 
     def __post_init__(self) -> None:
         _whole("global_batch", self.global_batch)
@@ -528,6 +545,8 @@ class Workload:
             raise ValueError(f"tokens must be >= 0, got {self.tokens!r}")
         if not isinstance(self.hsdp, bool):
             raise ValueError(f"hsdp must be True or False, got {self.hsdp!r}")
+        if not isinstance(self.op_sac, bool):
+            raise ValueError(f"op_sac must be True or False, got {self.op_sac!r}")
 
 
 @dataclass(frozen=True)
@@ -535,7 +554,8 @@ class Plan:
     """One layout, frozen (change one with ``dataclasses.replace``).
 
     Fields: dp, tp, pp, zero, micro_batch, accum, recompute ("none",
-    "selective", "full"; a bool still works: False -> "none", True -> "full"),
+    "selective" (Korthikanti's, Megatron-LM's), "full"; a bool still works: False -> "none", True -> "full";
+    or "op", torchtitan's op-level selective checkpointing: ``cost.op_sac_saved``),
     cp (context parallel), sp (Megatron sequence parallelism; None: on when
     tp > 1), v (interleaved 1F1B chunks per rank; 1 = plain 1F1B), stages
     (layers per pipeline stage, or () for the default split), precision
@@ -545,7 +565,10 @@ class Plan:
     expert-data-parallel ranks), recompute_layers (with recompute "full": recompute only this many
     layers of each model chunk, a stage's when v = 1, and keep the others' activations whole:
     Megatron-LM's ``--recompute-method block --recompute-num-layers K``; 0, the default, recomputes
-    every layer, ``--recompute-method uniform --recompute-num-layers 1``), ep_overlap (with ep > 1: the
+    every layer, ``--recompute-method uniform --recompute-num-layers 1``), recompute_every (with recompute
+    "full": torchtitan's layer-level selective checkpointing, ``selective_ac_option = "k"``, which wraps every
+    k-th block of the model in a full checkpoint: floor(L/k) of the L layers recomputed, the others keep all
+    of their activations; 0, the default, is every layer or Megatron-LM's block), ep_overlap (with ep > 1: the
     expert-parallel all-to-alls run beside another micro-batch's computation, as DeepSeek-V3's DualPipe
     and Megatron-LM's ``--overlap-moe-expert-parallel-comm`` run them; see ``step_time``), schedule
     ("1f1b", interleaved when v > 1; or "dualpipe", DeepSeek-V3's bidirectional schedule: see
@@ -577,6 +600,7 @@ class Plan:
     schedule: str = "1f1b"
     act_cache: str = "bf16"
     shard: int = 0
+    recompute_every: int = 0
     why: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -586,8 +610,8 @@ class Plan:
             raise ValueError(f"zero must be one of {cost.ZERO_STAGES}, got {self.zero!r}")
         if self.recompute is True or self.recompute is False:
             object.__setattr__(self, "recompute", cost.recompute_mode(self.recompute))
-        if self.recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE} (or a bool), got {self.recompute!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES} (or a bool), got {self.recompute!r}")
         if self.sp is None:
             object.__setattr__(self, "sp", self.tp > 1)
         if not isinstance(self.sp, bool):
@@ -621,6 +645,13 @@ class Plan:
         if self.recompute_layers and self.recompute != "full":
             raise ValueError(f"recompute_layers={self.recompute_layers} (Megatron-LM's block recomputation) "
                              f"needs recompute=\"full\", got {self.recompute!r}")
+        if isinstance(self.recompute_every, bool) or not isinstance(self.recompute_every, int) \
+                or self.recompute_every < 0:
+            raise ValueError(f"recompute_every must be a whole number >= 0, got {self.recompute_every!r}")
+        if self.recompute_every and (self.recompute != "full" or self.recompute_layers):
+            raise ValueError(f"recompute_every={self.recompute_every} (torchtitan's every k-th layer) needs "
+                             f"recompute=\"full\" and no recompute_layers, got {self.recompute!r} and "
+                             f"recompute_layers={self.recompute_layers}")
         if isinstance(self.shard, bool) or not isinstance(self.shard, int) or self.shard < 0:
             raise ValueError(f"shard must be a whole number >= 0 (0: plain ZeRO over every rank), "
                              f"got {self.shard!r}")
@@ -655,9 +686,11 @@ class Plan:
                          " Adam moments in bf16" if self.precision == "bf16_moments" else "",
                          " SP" if self.sp and self.tp > 1 else "",
                          f" HSDP shard={self.shard} replicate={self.replicate}" if self.shard else "",
+                         " op-level selective recompute (torchtitan)" if self.recompute == "op" else
                          f" {self.recompute} recompute" if self.recompute != "none" else "",
                          f" of {self.recompute_layers} layer(s) per {'chunk' if self.v > 1 else 'stage'}"
-                         if self.recompute_layers else ""])
+                         if self.recompute_layers else "",
+                         f" of 1 layer in {self.recompute_every} (torchtitan)" if self.recompute_every else ""])
         return (f"dp={self.dp} tp={self.tp} pp={self.pp} ZeRO-{self.zero} micro_batch={self.micro_batch} "
                 f"accum={self.accum}" + extra)
 
@@ -674,9 +707,16 @@ def recomputed_share(plan: Plan, layers: int) -> float:
     ``plan.recompute_layers`` layers in each of the stage's v model chunks (Megatron-Core's
     ``recompute_num_layers`` counts a chunk's layers: transformer_block.py sets
     ``num_layers_per_pipeline_rank = len(self.layers)``, one chunk's, and recompute.py checkpoints the
-    first K of them)."""
+    first K of them).  Under torchtitan's every k-th layer (``plan.recompute_every``), floor(layers/k)/layers:
+    torchtitan counts the blocks it wraps and checkpoints those whose count is a multiple of k
+    (``_apply_ac_to_transformer_block``, parallelize_llama.py at 9dec370; torchtitan runs it with pp = 1
+    here, so the stage is the model).  Which layers are recomputed does not change the planner's count, so
+    K = floor(L/k) block-recomputed layers price the same; ``recompute_every`` says which framework runs it
+    and prints its k."""
     if plan.recompute != "full":
         return 0.0
+    if plan.recompute_every:
+        return (layers // plan.recompute_every) / layers
     if not plan.recompute_layers:
         return 1.0
     return min(1.0, plan.recompute_layers * plan.v / layers)
@@ -764,6 +804,8 @@ def stage_memory(plan: Plan, model: ModelSpec, rank: int) -> dict[str, float]:
         acts = _act_layer(plan, model, plan.recompute) * n * held
         if plan.recompute == "selective" and model.scores:  # its recomputed scores
             acts += _act_layer(plan, model, "none") - _act_layer(plan, model, "selective")
+        if plan.recompute == "op":  # the layer being recomputed: what it did not save, again
+            acts += max(0.0, _act_layer(plan, model, "none") - _act_layer(plan, model, "op"))
     if rank == plan.pp - 1:
         acts += LOGIT_BYTES * plan.micro_batch * model.seq / plan.cp * model.vocab / plan.tp
     return {"weights": weights, "grads": grads, "optimizer": optimizer, "activations": acts}
@@ -881,6 +923,8 @@ def layer_flops(plan: Plan, m: ModelSpec, mode: str, causal: bool = True) -> tup
     # the weights a token goes through; the busiest EP rank's experts take load × their share
     routed = m.expert_params * _load(plan, m) * m.top_k / m.experts if m.experts else 0.0
     fwd = (2 * (m.dense_params + routed) / m.layers + attn) / plan.tp
+    if mode == "op":  # torchtitan's op-level selective: the matmuls it does not save (wk, wo, w3)
+        return fwd, 2 * fwd, cost.op_sac_recomputed_flops(m.hidden, m.heads, plan.tp, m.ffn_width, m.gated, m.kv)
     extra = {"none": 0.0, "selective": attn / plan.tp if m.scores else 0.0, "full": fwd}[mode]
     return fwd, 2 * fwd, extra
 
@@ -955,6 +999,8 @@ def tp_time(plan: Plan, work: Workload, st: _Slowest) -> float:
     exposed = (fwd_units + open_units) * unit + (fwd_calls + open_calls) * lat \
         + max(0.0, hidden_units * unit + hidden_calls * lat - window)
     exposed += st.again * (fwd_units * unit + fwd_calls * lat)  # the recomputed forward's
+    if plan.recompute == "op":  # torchtitan's op-level recomputation gathers the norms' outputs again (its
+        exposed += 2 * unit + 2 * lat  # reduce-scatters' outputs are saved: cost.op_sac_saved)
     return exposed * st.layers * plan.accum
 
 
@@ -1169,8 +1215,8 @@ def step_time(plan: Plan, work: Workload) -> dict[str, float]:
     flops_mb[-1] += head * tokens / rate
     # memory-bound kernels at the HBM's bandwidth: forward, backward (twice the bytes: it reads the saved
     # input and the incoming gradient and writes a gradient), and the recomputed forward under "full"
-    mem_mb = [n * (3 + recomputed_share(plan, n)) * _memory_bound_bytes(plan, m) * tokens / c.hbm_bandwidth
-              for n in layers]
+    mem_mb = [n * (3 + (1.0 if plan.recompute == "op" else recomputed_share(plan, n))) * _memory_bound_bytes(plan, m)
+              * tokens / c.hbm_bandwidth for n in layers]  # op: its cheap ops all run again (the last add aside)
     mem_mb[-1] += LOSS_BYTES * m.vocab / t * tokens / c.hbm_bandwidth
     if not c.calibrated:
         mem_mb = [0.0] * plan.pp
@@ -1222,7 +1268,15 @@ class Problem(str):
 
 
 #: Kinds that make a plan impossible to set up at all (``predict`` refuses them).
-IMPOSSIBLE = ("gpus", "batch")
+IMPOSSIBLE = ("gpus", "batch", "recompute")
+
+
+def op_sac_priced(m: ModelSpec) -> bool:
+    """Whether the planner prices torchtitan's op-level selective checkpointing (``Plan(recompute="op")``) for
+    ``m``: a dense Llama-shaped model with SDPA (``cost.op_sac_saved``).  Not a MoE model (torchtitan's
+    rule there counts grouped matmuls and the router apart), not MLA, not attention that stores its scores
+    (torchtitan runs SDPA)."""
+    return not (m.experts or m.scores or m.latent or m.qk_head_dim or m.v_head_dim)
 
 
 def problems(plan: Plan, work: Workload) -> list[Problem]:
@@ -1258,6 +1312,10 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
     if plan.cp > 1 and m.seq % (2 * plan.cp):
         add("cp", f"cp={plan.cp} needs the sequence ({m.seq}) to split into 2·cp = {2 * plan.cp} equal "
                   "chunks (load-balanced causal ring attention)")
+    if plan.recompute == "op" and not op_sac_priced(m):
+        add("recompute", f"recompute=\"op\" (torchtitan's op-level selective checkpointing) is priced for a dense "
+                         f"Llama-shaped model with SDPA; {m.name} has "
+                         + ("experts" if m.experts else "stored attention scores" if m.scores else "MLA"))
     if plan.dp * plan.micro_batch * plan.accum != work.global_batch:
         add("batch", f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
                      f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")
@@ -1270,7 +1328,7 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
                     "larger shard")
     for text in frameworks.unrunnable(plan):
         add("framework", text)
-    if not any(p.kind == "gpus" for p in out):
+    if not any(p.kind in ("gpus", "recompute") for p in out):
         parts = memory_breakdown(plan, m)
         need = sum(parts.values())
         if need > c.usable_memory:
@@ -1349,11 +1407,14 @@ def candidates(work: Workload):
     layers split evenly; ZeRO 0-3 where a framework runs it (``planner_frameworks.unrunnable``:
     not ZeRO-2/3 with pp > 1); with ``Workload(hsdp=True)``, under ZeRO-3 also HSDP over every shard
     that divides dp (shard·cp > 1); recompute "none" and "full", plus
-    "selective" when attention stores its scores (otherwise it equals "none").
+    "selective" when attention stores its scores (otherwise it equals "none"), plus torchtitan's "op" with
+    ``Workload(op_sac=True)`` on the layouts torchtitan runs (``frameworks.unrunnable``).
     """
     m, c = work.model, work.cluster
     g = c.gpus
     modes = RECOMPUTE if m.scores else ("none", "full")
+    if work.op_sac and op_sac_priced(m):  # torchtitan's op-level selective, where torchtitan runs the layout
+        modes += ("op",)
     for tp in _divisors(g):
         if tp > c.gpus_per_node or c.gpus_per_node % tp or m.heads % tp or (m.kv % tp and tp % m.kv):
             continue
@@ -1385,7 +1446,7 @@ def candidates(work: Workload):
 
 
 _ZERO_ORDER = {1: 0, 0: 1, 2: 2, 3: 3}  # ZeRO-1 first: it moves no more bytes than ZeRO-0
-_RC_ORDER = {"none": 0, "selective": 1, "full": 2}
+_RC_ORDER = {"none": 0, "selective": 1, "op": 2, "full": 3}
 
 
 def simplicity(p: Plan) -> tuple:
@@ -1427,7 +1488,7 @@ def search(work: Workload) -> Prediction | None:
     ``fewest_recomputed`` finds its smallest K, but the search does not try it: adding each "full" plan's
     ``fewest_recomputed`` to the candidates made the search of the six scenarios and the published runs
     1.6-1.8 times slower (about 3 -> 5 s of CPU, docs/planner.md) and changes the plans the lecture's bands
-    hold (20 -> 24 layouts for 70B on 64 H100s) and one scenario's best plan (70B on 15T tokens)."""
+    hold (16 -> 20 layouts for 70B on 64 H100s) and one scenario's best plan (70B on 15T tokens)."""
     best = None
     m = work.model
     for plan in candidates(work):

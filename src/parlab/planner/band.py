@@ -2,7 +2,7 @@
 
 The planner's predictions are off by up to ``planner_published.error_band()`` on published runs
 (the largest |predicted ÷ reported − 1| over the runs it covers).  That width is a heuristic, not
-a measured resolution: it is the single worst miss over ten heterogeneous runs (three GPU
+a measured resolution: it is the single worst miss over the nine heterogeneous runs it covers (three GPU
 generations, four frameworks, dense and MoE), so it says how far the model has been off at worst,
 not how far apart two plans on one cluster must be for it to rank them right.  A plan predicted
 within that share of the best plan's throughput is one the model cannot be trusted to tell from it:

@@ -85,13 +85,36 @@ What no framework runs (``unrunnable``):
         --recompute-num-layers K`` (megatron/core/transformer/transformer_config.py: "block will
         recompute the input activations for only a set number of transformer layers per pipeline
         stage"; megatron/core/recompute.py checkpoints the first K layers of the block, one model
-        chunk under interleaving).  torchtitan's "selective layer" checkpointing (every k-th layer)
-        and DeepSpeed's (model code) choose their layers otherwise and are not priced: ZeRO-0/1.
+        chunk under interleaving): ZeRO-0/1.  torchtitan's every k-th layer is ``Plan.recompute_every``
+        (below); DeepSpeed's (model code) is not priced.
+  A recomputation mode its framework does not run (``RECOMPUTE_BY_FRAMEWORK``): torchtitan's op-level
+        selective checkpointing (``Plan(recompute="op")``) and its every k-th layer
+        (``Plan.recompute_every``) on a layout torchtitan does not run; Korthikanti's selective
+        (``recompute="selective"``) on one torchtitan runs.
   precision "zero16" (ZeRO's 2 + 2 + 12 bytes) is DeepSpeed's accounting: DeepSpeed runs it
         with tp = cp = 1 (its own ``PipelineModule`` for pp > 1, ZeRO ≤ 1 there) and without
         interleaving (its pipeline schedule is plain 1F1B, deepspeed/runtime/pipe/schedule.py).
         Megatron-LM keeps fp32 main gradients (18 bytes per parameter) and torchtitan's FSDP
         reduces in fp32 too: with tp, cp or interleaving use precision "fp32_grads".
+
+Which recomputation each framework runs (``RECOMPUTE_BY_FRAMEWORK``):
+  Megatron-LM  "none"; "selective", Korthikanti et al. 2022 §4.1's: the core attention (QKᵀ, softmax,
+             dropout, ×V) recomputed, ``--recompute-granularity selective`` with its default
+             ``--recompute-modules core_attn`` (megatron/core/transformer/transformer_config.py,
+             ``recompute_granularity``, ``recompute_modules``; with FlashAttention there are no scores to
+             recompute and it equals "none"; the other modules it can recompute, the MLP or the norms
+             among them, are not priced); "full" of every layer (``--recompute-method uniform``) or of
+             K layers per chunk (``--recompute-method block``, ``Plan.recompute_layers``).
+  torchtitan   "none"; "full", one ``checkpoint_wrapper`` per block (``mode = "full"``); "op", its
+             op-level selective checkpointing (``mode = "selective"``, ``selective_ac_option = "op"``: every
+             matmul's output saved but every second one, SDPA's and the reduce-scatters' saved, the rest
+             recomputed; ``_custom_policy`` in torchtitan/parallelisms/parallelize_llama.py at 9dec370,
+             torchtitan/distributed/activation_checkpoint.py ``SelectiveAC`` today; ``cost.op_sac_saved``);
+             and every k-th block fully recomputed (``selective_ac_option = "k"``, ``Plan.recompute_every``;
+             the same file at 9dec370, dropped from torchtitan in March 2026, pytorch/torchtitan#2357).
+             Its "selective" is not Korthikanti's: no option recomputes the attention core alone.
+  DeepSpeed    its checkpointing is the model's code: ``deepspeed.checkpointing.checkpoint`` around whatever
+             the model wraps, a layer ("full") or the attention core ("selective").
 
 The configurations give the parallel layout and batch only; the model's own fields (shape,
 tokenizer, data, learning rate) are the user's.  Megatron-LM's uneven pipeline stages are
@@ -106,10 +129,15 @@ from dataclasses import dataclass
 from .. import cost
 
 __all__ = ["Rule", "RULES", "FRAMEWORKS", "NOT_PUBLIC", "megatron_overlaps", "runs_on", "unrunnable", "configuration", "cp_method",
-           "sp_keeps_gathered"]
+           "sp_keeps_gathered", "RECOMPUTE_BY_FRAMEWORK"]
 
 FRAMEWORKS = ("Megatron-LM", "torchtitan", "DeepSpeed")
 NOT_PUBLIC = "HAI-LLM (DeepSeek-AI's, not public)"  # runs a published row's plan; no configuration to print
+#: The recomputation modes each framework runs, as ``Plan.recompute`` names them (the module docstring gives
+#: each one's source); "full" includes Megatron-LM's block method (``recompute_layers``) and torchtitan's
+#: every k-th layer (``recompute_every``).
+RECOMPUTE_BY_FRAMEWORK = {"Megatron-LM": ("none", "selective", "full"), "torchtitan": ("none", "full", "op"),
+                          "DeepSpeed": ("none", "selective", "full")}
 
 
 @dataclass(frozen=True)
@@ -135,6 +163,9 @@ _CHECKS = {
                                                                      or (p.pp > 1 and p.zero >= 2)),
     "bf16 moments beyond Megatron-LM": lambda p: p.precision == "bf16_moments" and p.zero != 1,
     "HSDP beyond torchtitan": lambda p: p.shard > 0 and p.precision != "fp32_grads",
+    "torchtitan's checkpointing beyond torchtitan": lambda p: (p.recompute == "op" or p.recompute_every > 0)
+    and not _torchtitan_layout(p),
+    "Korthikanti's selective on torchtitan": lambda p: p.recompute == "selective" and _torchtitan_layout(p),
 }
 
 RULES = (
@@ -163,7 +194,8 @@ RULES = (
     Rule("block recomputation beyond Megatron-LM",
          "recompute_layers with ZeRO-{zero} (or precision \"zero16\"): the planner prices recomputing only some "
          "layers as Megatron-LM's --recompute-method block runs it, with ZeRO-0/1 and fp32 gradients "
-         "(torchtitan's every-k-th-layer and DeepSpeed's are not modelled): use zero=1, or recompute_layers=0",
+         "(torchtitan's every k-th layer is recompute_every; DeepSpeed's is not modelled): use zero=1, or "
+         "recompute_layers=0",
          "megatron/core/transformer/transformer_config.py (recompute_method 'block', recompute_num_layers); "
          "megatron/core/recompute.py (the first recompute_num_layers layers of the block checkpointed)"),
     Rule("zero16 beyond DeepSpeed",
@@ -182,13 +214,28 @@ RULES = (
          "all-reduces across its groups once per step and is not priced): use precision \"fp32_grads\"",
          "torchtitan/config/configs.py (data_parallel_replicate_degree, data_parallel_shard_degree); "
          "deepspeed/runtime/zero/mics.py (allreduce_mics_shard_grads at the accumulation boundary)"),
+    Rule("torchtitan's checkpointing beyond torchtitan",
+         "recompute=\"{recompute}\" with recompute_every={recompute_every}: op-level selective checkpointing and "
+         "every k-th layer recomputed are torchtitan's (selective_ac_option \"op\" or \"k\"), which the planner "
+         "prices on the layouts torchtitan runs (FSDP, ZeRO-2/3, pp = 1; here ZeRO-{zero}, pp={pp}): use "
+         "recompute=\"full\" (with recompute_layers for Megatron-LM's block method), or a torchtitan layout",
+         "torchtitan/parallelisms/parallelize_llama.py at 9dec370 (_apply_ac_to_transformer_block: "
+         "_custom_policy, selective_ac_option); Megatron-LM megatron/core/transformer/transformer_config.py "
+         "(recompute_granularity 'full' or 'selective' with recompute_modules: modules, no op-level policy)"),
+    Rule("Korthikanti's selective on torchtitan",
+         "recompute=\"selective\" (Korthikanti's: the attention core alone) on a torchtitan layout (ZeRO-{zero}): "
+         "torchtitan's selective checkpointing is op-level (recompute=\"op\") or every k-th layer "
+         "(recompute_every); it has no attention-core mode. Use recompute=\"op\", \"full\" or \"none\", or "
+         "ZeRO-1 on Megatron-LM",
+         "torchtitan/parallelisms/parallelize_llama.py at 9dec370 (valid modes 'full' and 'selective' with "
+         "selective_ac_option 'op' or an int); Korthikanti et al. 2022 §4.1"),
 )
 
 
 def unrunnable(plan) -> list[str]:
     """The rule each framework breaks for ``plan``, in words with what to use instead; [] if one runs it."""
     fields = dict(zero=plan.zero, pp=plan.pp, tp=plan.tp, ep=plan.ep, shard=plan.shard,
-                  precision=plan.precision)
+                  precision=plan.precision, recompute=plan.recompute, recompute_every=plan.recompute_every)
     return [rule.says.format(**fields) for rule in RULES if rule.breaks(plan)]
 
 
@@ -312,7 +359,13 @@ def _torchtitan(plan, work) -> str:
              "[training]", f"local_batch_size = {plan.micro_batch}",
              f"global_batch_size = {work.global_batch}", f"seq_len = {work.model.seq}",
              "mixed_precision_param = \"bfloat16\"", "mixed_precision_reduce = \"float32\"", "",
-             "[activation_checkpoint]", f"mode = \"{plan.recompute}\""]
+             "[activation_checkpoint]"]
+    if plan.recompute == "op":
+        lines += ["mode = \"selective\"", "selective_ac_option = \"op\""]
+    elif plan.recompute_every:
+        lines += ["mode = \"selective\"", f"selective_ac_option = \"{plan.recompute_every}\""]
+    else:
+        lines.append(f"mode = \"{plan.recompute}\"")
     return "\n".join(lines)
 
 

@@ -15,9 +15,13 @@ Sources:
     H100 80 GB; TFLOP/s counted as model FLOPs (here 6N + 12·L·h·s, PaLM app. B).
   torchtitan docs/performance.md: Llama 3.1 8B on 8 H100s (96 GB HBM2e), FSDP, local batch 2,
     "Selective activation checkpointing", 5,762 tokens/s/GPU at 82.4 GiB (Table 1, commit 47d1825,
-    Jan 2025; run at torchtitan 9dec370, whose llama3_8b.toml sets selective_ac_option = 'op');
+    Jan 2025; run at torchtitan 9dec370, whose llama3_8b.toml sets selective_ac_option = 'op'; the
+    memory is train.py's ``max_reserved_gib``, the caching allocator's peak reservation; footnote 2:
+    "HBM2e-based SXM H100 with lower TDP, the actual peak TFLOPs number is between SXM and NVL, and we
+    don't know its exact value", at a 500 W power limit);
     Llama 3 8B and 70B with FSDP on 64 A100 80 GB, 2,904 tokens/s/GPU with "selective layer" and
-    331 with "full" checkpointing (commit 1d5815c, Oct 2024).
+    331 with "full" checkpointing (commit 1d5815c, Oct 2024; k of "selective layer" not stated, the
+    option's default there "2", config_manager.py: "2 = checkpoint every other layer").
   DeepSeek-V3: DeepSeek-AI 2024 (arXiv 2412.19437).  671B parameters, 37B active, 61 layers
     (the first 3 dense, FFN 18,432), h = 7,168, 128 heads (MLA), 256 routed experts of width
     2,048 and 1 shared expert per MoE layer, top-8, vocabulary 129,280 (§4.2); sequence 4,096,
@@ -39,12 +43,12 @@ Sources:
 Each run states its checkpointing as the source words it (``Run.published_ac``) and, where the
 planner has no such mode, why the mode it is priced under (``Plan.recompute``) is the nearest
 (``Run.priced_as``).  Llama 3 405B trained without checkpointing (Dubey et al. 2024, §3.3.2), which
-the planner counts over the HBM (``LLAMA_405B_MEMORY_MISS``).  torchtitan's "selective op" saves every matmul's output except every second
-one, and SDPA's, and recomputes the rest (torchtitan 9dec370, parallelize_llama.py
-``_custom_policy``); its "selective layer" fully recomputes every k-th layer
-(``selective_ac_option = 'k'``).  The planner's modes are none, Korthikanti's selective (the
-attention scores only, the same as none without stored scores) and full, of every layer or of K layers
-per model chunk (``Plan.recompute_layers``, Megatron-LM's block method).
+the planner counts over the HBM (``LLAMA_405B_MEMORY_MISS``).  torchtitan's two rows are priced in its
+own modes: "selective op" as ``Plan(recompute="op")`` (every matmul's output saved but every second one,
+and SDPA's; ``cost.op_sac_saved``, torchtitan 9dec370 parallelize_llama.py ``_custom_policy``), "selective
+layer" as ``Plan(recompute="full", recompute_every=2)`` (every k-th block fully recomputed,
+``selective_ac_option = 'k'``; k = 2, the option's default, and any k predicts the same:
+``titan_8b_a100_every_k``).
 
 Llama 3's data parallelism is FSDP that shards optimizer states and gradients and does not reshard
 the weights after forward (Dubey et al. 2024, §3.3.2).  It is priced as ZeRO-1: under PP with
@@ -65,7 +69,8 @@ from .. import planner as P
 from . import ModelSpec, Plan, Workload
 
 __all__ = ["Run", "RUNS", "error_band", "ratios", "calibrated", "llama_fsdp_zero2_reading", "deepseek_v3_readings",
-           "DSV3_MEMORY_MISS", "LLAMA_405B_MEMORY_MISS"]
+           "DSV3_MEMORY_MISS", "LLAMA_405B_MEMORY_MISS", "titan_8b_h100_readings", "titan_8b_a100_every_k",
+           "H100_NVL_PEAK"]
 
 
 @dataclass(frozen=True)
@@ -111,13 +116,24 @@ LLAMA_405B_MEMORY_MISS = (
     "inside the band (docs/planner.md)")
 
 
-TITAN_8B_H100_AC = ("full: op SAC recomputes 3 of a layer's 7 matmuls (wk, wo, w3: 37 % of its forward "
-                    "matmul FLOPs) and its elementwise ops, so its compute lies between none and full; without "
-                    "recomputation the planner counts 99.5 GB, over the 96 GB HBM, against 88.5 GB (82.4 GiB) "
-                    "measured, and predicts 1.28; under full, 33.0 GB and 1.16, the planner's lowest prediction "
-                    "for this run")
-TITAN_8B_A100_AC = ("full: every k-th layer fully recomputed, k not stated; none and full both predict 0.85 "
-                    "(ZeRO-3's exposed all-gathers take the time full recomputation adds), so any share does")
+TITAN_8B_H100_MISS = (
+    "Priced as run, under torchtitan's op-level selective checkpointing (recompute=\"op\": wk, wo and w3 "
+    "recomputed, 36.5 % of a layer's forward matmul FLOPs), at the H100 SXM's 989 TFLOP/s the planner "
+    "predicts 1.26. torchtitan's GPUs were not SXM H100s at their rated power: 'HBM2e-based SXM H100 with lower "
+    "TDP, the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value' (500 W; "
+    "docs/performance.md at 47d1825, footnote 2). At the H100 NVL's 835 TFLOP/s (dense BF16, NVIDIA's H100 "
+    "datasheet) it predicts 1.06; the planner has no peak for these GPUs, so the row is kept out of the band. "
+    "Memory: the planner counts 61.1 GB against 88.5 GB (82.4 GiB) measured, 27.4 GB under. The measure is the "
+    "caching allocator's peak reservation (train.py's max_reserved_gib at 9dec370), which the planner does "
+    "not model, nor the loss's chain: torchtitan casts the bf16 logits to fp32 and cross_entropy keeps their "
+    "log-softmax, 4.2 + 8.4 + 8.4 GB at the loss against the 8.4 GB of fp32 logits the planner counts. For "
+    "comparison: without recomputation it counts 99.5 GB (1.28), under full 33.0 GB (1.16) "
+    "(docs/planner.md)")
+TITAN_8B_A100_EVERY = 2  # torchtitan's default selective_ac_option at 1d5815c ("2 = checkpoint every other layer")
+TITAN_8B_A100_AC = ("full: torchtitan's selective layer checkpointing, every k-th layer fully recomputed "
+                    "(recompute_every), k not stated; priced at k = 2, the option's default (config_manager.py "
+                    "at 1d5815c), 26.9 GB. Every k from 1 to 32 predicts 0.85 (ZeRO-3's exposed all-gathers take "
+                    "the time recomputation adds; titan_8b_a100_every_k), as do none and op")
 
 
 DSV3 = ModelSpec("DeepSeek-V3", 671e9, 61, 7168, 128, 4096, vocab=129280, ffn=18432, gated=True, dropout=False,
@@ -172,11 +188,11 @@ RUNS = (
     _llama(8192, 64, 32, 430),
     _llama(16384, 128, 16, 400),
     Run("torchtitan Llama 3.1 8B, FSDP, 8 H100s", Workload(L8, P.H100_SXM(8, memory=96e9, hbm_bandwidth=2.4e12), 16),
-        Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=2, accum=1, recompute="full"), 5762 * 8,
-        published_ac="selective op (82.4 GiB measured)",
-        priced_as=TITAN_8B_H100_AC),
+        Plan(dp=8, tp=1, pp=1, zero=3, micro_batch=2, accum=1, recompute="op"), 5762 * 8,
+        published_ac="selective op (82.4 GiB measured)", miss=TITAN_8B_H100_MISS),
     Run("torchtitan Llama 3 8B, FSDP, 64 A100s", Workload(L8, P.A100_80GB(64), 64),
-        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 2904 * 64,
+        Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full",
+             recompute_every=TITAN_8B_A100_EVERY), 2904 * 64,
         published_ac="selective layer", priced_as=TITAN_8B_A100_AC),
     Run("torchtitan Llama 3 70B, FSDP, 64 A100s", Workload(L70, P.A100_80GB(64), 64),
         Plan(dp=64, tp=1, pp=1, zero=3, micro_batch=1, accum=1, recompute="full"), 331 * 64,
@@ -213,6 +229,32 @@ def deepseek_v3_readings() -> dict:
     readings = {"priced": (plan, work), "block": (block, work), "plain": (plain, work), "bare": (bare, work),
                 "every FLOP at twice the rate": (plan, twice)}
     return {name: P.predict(p, w) for name, (p, w) in readings.items()}
+
+
+#: The H100 NVL's dense BF16 peak (NVIDIA H100 datasheet: 1,671 TFLOP/s with sparsity), the lower end of the range
+#: torchtitan gives for its H100s' peak (``TITAN_8B_H100_MISS``).
+H100_NVL_PEAK = 835e12
+
+
+def titan_8b_h100_readings() -> dict:
+    """torchtitan's 8B on 8 H100s under each reading ``TITAN_8B_H100_MISS`` states: name -> ``planner.Prediction``:
+    "op" (as run, at the SXM's peak), "op at the NVL's peak", "none" and "full" (the planner's other modes)."""
+    run = next(r for r in RUNS if r.plan.recompute == "op")
+    nvl = replace(run.work, cluster=replace(run.work.cluster, peak_flops=H100_NVL_PEAK))
+    readings = {"op": (run.plan, run.work), "op at the NVL's peak": (run.plan, nvl),
+                "none": (replace(run.plan, recompute="none"), run.work),
+                "full": (replace(run.plan, recompute="full"), run.work)}
+    return {name: P.predict(p, w) for name, (p, w) in readings.items()}
+
+
+def titan_8b_a100_every_k() -> dict:
+    """torchtitan's 8B on 64 A100s under "selective layer" with each k from 1 to the layers, and under
+    "none" and "op": name -> ``planner.Prediction``."""
+    run = next(r for r in RUNS if r.plan.recompute_every)
+    out = {k: P.predict(replace(run.plan, recompute_every=k), run.work) for k in range(1, run.work.model.layers + 1)}
+    for rc in ("none", "op"):
+        out[rc] = P.predict(replace(run.plan, recompute=rc, recompute_every=0), run.work)
+    return out
 
 
 def calibrated(work: Workload) -> Workload:
