@@ -57,3 +57,21 @@ def test_bandwidths_public_check(capsys):
 def test_bandwidths_odd_returns(fixture, words):
     with pytest.raises(AssertionError, match=words):
         lab01.check_bandwidths(fixture)
+
+
+# ---------------------------------------------------------------- exercise 3's hints (no launch)
+
+def test_power_of_two_sentence_only_on_its_evidence():
+    """The sentence about a world size that is not a power of two needs its evidence: every case at
+    that world size failed, and the ranks left out are exactly those ⌊log2 n⌋ rounds of doubling
+    leave out (distance 4 or more from the root on 5 ranks)."""
+    from parlab.grading.lab01 import collectives as c
+
+    case, n = c.Case((5,), root=1), 5
+    xs = [c.make_input(case, r, salt=0) for r in range(n)]
+    doubling_gap = [xs[1] if r != 0 else xs[0] for r in range(n)]  # rank 0 is at distance 4 from root 1
+    assert "not a power of two" in c._diagnose(case, n, 0, doubling_gap, [])
+    assert "power of two" not in c._diagnose(case, n, 0, doubling_gap, [c.Case((3,), root=0)])
+    returned_input = [xs[r] for r in range(n)]  # every rank left out: no tree at all
+    message = c._diagnose(case, n, 0, returned_input, [])
+    assert "never reached" in message and "power of two" not in message, message

@@ -12,6 +12,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from wrong_answers import says
+
 
 # ------------------------------------------------ 1. all-reduce = reduce-scatter + all-gather
 
@@ -299,6 +301,18 @@ def bw_elements_not_bytes(numel, dtype, seconds, n):
     return numel / seconds / 1e9, numel / seconds * 2 * (n - 1) / n / 1e9
 
 
+def bw_algbw_times_ranks(numel, dtype, seconds, n):
+    """algbw as the bandwidth of all the ranks together: S/t times the number of ranks."""
+    algbw = numel * dtype.itemsize / seconds / 1e9 * n
+    return algbw, algbw * 2 * (n - 1) / n
+
+
+def bw_busbw_factor_inverted(numel, dtype, seconds, n):
+    """busbw with the all-reduce factor upside down: 2n/(n − 1)."""
+    algbw = numel * dtype.itemsize / seconds / 1e9
+    return algbw, algbw * 2 * n / (n - 1)
+
+
 def rs_ag_gathers_first(x):
     """All-gathers every input and sums them, then calls the two collectives for show."""
     n = dist.get_world_size()
@@ -372,6 +386,11 @@ WRONG = {
         (bw_per_rank_bytes, "not one rank's share"),
         (bw_bits, "bits instead of bytes"),
         (bw_elements_not_bytes, "not elements"),
+        (bw_algbw_times_ranks, says("When world_size doubles, your answer grows 2 times, not 1 times",
+                                    "a dependence on world_size (algbw = S/t has none)",
+                                    never="1/world_size")),
+        (bw_busbw_factor_inverted, says("When world_size doubles, your answer grows",
+                                        "the all-reduce factor 2(n − 1)/n", never="factor 2;")),
     ],
 }
 

@@ -122,6 +122,20 @@ class f_ignores_group(_F):
         return grad, None
 
 
+class f_sums_both_ways(_F):
+    """All-reduces in forward as well as in backward."""
+
+    forward = _G.forward
+
+
+class g_averages(_G):
+    """Divides the sum by the group's size, as DP averages gradients: g sums, it does not average."""
+
+    @staticmethod
+    def forward(ctx, x, group=None):
+        return _G.forward(ctx, x, group) / dist.get_world_size(group)
+
+
 class f_sums_all_gather(_F):
     """Right numbers, but the sum is an all-gather followed by a local sum."""
 
@@ -287,6 +301,14 @@ class row_keeps_full_layer(_Row):
         self.full = linear
 
 
+class row_sums_twice(_Row):
+    """Adds the bias after g, then sums the finished output once more (a second g)."""
+
+    def forward(self, x):
+        y = _G.apply(F.linear(x, self.weight))
+        return _G.apply(y if self.bias is None else y + self.bias)
+
+
 class _SumGathered(torch.autograd.Function):
     """g written as an all-gather of the partial sums and a local sum (right numbers)."""
 
@@ -356,6 +378,17 @@ class mlp_keeps_full(_Mlp):
     def __init__(self, mlp, group=None):
         super().__init__(mlp)
         self.full = mlp
+
+
+class mlp_full_then_g(_Mlp):
+    """Keeps the shards, but computes with the full MLP on every rank and sums that with g."""
+
+    def __init__(self, mlp, group=None):
+        super().__init__(mlp)
+        self.full = mlp
+
+    def forward(self, x):
+        return _G.apply(self.full(_F.apply(x)))
 
 
 # ------------------------------------------------ 4. attention by heads
@@ -830,25 +863,37 @@ CORRECT = {
 
 WRONG = {
     "f": [(f_is_g, "did you swap f and g"), (f_no_backward_all_reduce, "missing in backward"),
-          (f_ignores_group, "pass group=group"), (f_sums_all_gather, "called dist.all_gather"),
+          (f_ignores_group, says("pass group=group", never="did you swap")),
+          (f_sums_both_ways, says("f's forward is the identity", "in backward (right) and again in forward",
+                                  never="did you swap")), (f_sums_all_gather, "called dist.all_gather"),
           (f_all_reduces_in_place, "modified the upstream gradient in place")],
-    "g": [(g_is_f, "missing in forward"), (g_all_reduces_backward_too, "g's backward is the identity"),
+    "g": [(g_is_f, "missing in forward"),
+          (g_all_reduces_backward_too, says("g's backward is the identity", never="did you swap")),
+          (g_averages, says("is wrong on ranks 0, 1, 2 and 3 of 4 (each is 1/4 of the right one)",
+                            never=("pass group=group", "is missing"))),
           (g_sums_all_gather, "called dist.all_gather"),
           (g_all_reduces_in_place, "modified its input x in place")],
     "column": [(column_without_f, "(f's backward) is missing"),
-               (column_splits_in_features, "split the wrong dimension"),
+               (column_splits_in_features, says('with "features 6 is not divisible by 4 ranks"', "out_features (dim 0",
+                                                never="did you split")),
                (column_unequal_shards, "names both numbers"),
                (column_shard_is_a_view, "is a view into a larger tensor"),
                (column_gathers_weight, "No all-gather of the full weight"),
                (column_keeps_full_weight, "the full layer has")],
     "row": [(row_bias_on_every_rank, "Add the bias once, after the all-reduce"),
             (row_uses_f_not_g, "the all-reduce in forward (g) is missing"),
-            (row_splits_out_features, "split the wrong dimension"),
+            (row_splits_out_features, says('with "features 5 is not divisible by 4 ranks"', "in_features (dim 1",
+                                            never="did you split")),
             (row_unequal_shards, "names both numbers"),
             (row_keeps_full_layer, "the full layer has"),
-            (row_sums_all_gather, "one all-reduce in forward, none in backward")],
+            (row_sums_all_gather, "one all-reduce in forward, none in backward"),
+            (row_sums_twice, says("every rank holds 4 x the right output: rank 0 made 2 all-reduces in forward",
+                                  never=("f and g swapped", "holds the whole layer")))],
     "mlp": [(mlp_gathers_between, "one all-reduce in each"), (mlp_without_f, "(f's backward) is missing"),
-            (mlp_bias_on_every_rank, "Add the bias once"), (mlp_keeps_full, "the full layer has")],
+            (mlp_bias_on_every_rank, "Add the bias once"), (mlp_keeps_full, "the full layer has"),
+            (mlp_full_then_g, says("every rank holds 4 x the right output: each rank holds the whole layer and "
+                                   "computed its output",
+                                   never=("f and g swapped", "summed again")))],
     "attn": [(attn_heads_not_reshaped, "Reshape each shard"), (attn_slices_every_head, "do not reassemble"),
              (attn_unequal_heads, "names both numbers"),
              (attn_f_per_projection, "one all-reduce in each"), (attn_keeps_full, "the full layer has"),

@@ -185,6 +185,13 @@ def single_zeroes_first(stage, x, y, shape):
     return single_isend_irecv(stage, x, y, shape)
 
 
+def single_steps_optimizer(stage, x, y, shape):
+    """Right gradients, then steps an optimizer of its own over the stage: the caller's job."""
+    loss = single_isend_irecv(stage, x, y, shape)
+    torch.optim.SGD(stage.parameters(), lr=0.1).step()
+    return loss
+
+
 def single_sends_loss_back(stage, x, y, shape):
     """Right, then the last stage also sends its loss back to stage 0 "so rank 0 can print it"."""
     out = _gpipe(stage, [(x, y)], shape, share_loss="to_first")
@@ -241,6 +248,13 @@ def gpipe_blocking(stage, micro_batches, shape):
 def gpipe_reverse_backward(stage, micro_batches, shape):
     """Backwards from the last micro-batch to the first (as in GPipe's paper figure)."""
     return _gpipe(stage, micro_batches, shape, backward_order=range(len(micro_batches) - 1, -1, -1))
+
+
+def gpipe_backward_order_mismatch(stage, micro_batches, shape):
+    """The last stage runs its backwards in micro-batch order, the others in reverse: each of those
+    pairs a micro-batch's output with another micro-batch's gradient."""
+    m = len(micro_batches)
+    return _gpipe(stage, micro_batches, shape, backward_order=None if stage.is_last else range(m - 1, -1, -1))
 
 
 def gpipe_loss_not_divided(stage, micro_batches, shape):
@@ -525,6 +539,12 @@ def predict_warmup_only(p, m, schedule, rank, mb_bytes):
     return (p - 1) / (m + p - 1), (m if schedule == "gpipe" else min(p - rank - 1, m)) * mb_bytes
 
 
+def predict_warmup_plus_one(p, m, schedule, rank, mb_bytes):
+    """1F1B holds the warm-up forwards plus one in flight, even when the warm-up took all m."""
+    held = m if schedule == "gpipe" else min(p - rank - 1, m) + 1
+    return (p - 1) / (m + p - 1), held * mb_bytes
+
+
 def predict_counts_not_bytes(p, m, schedule, rank, mb_bytes):
     return (p - 1) / (m + p - 1), m if schedule == "gpipe" else min(p - rank, m)
 
@@ -552,14 +572,23 @@ def ofob_zeroes_first(stage, micro_batches, shape):
 WRONG = {
     "single": [(single_sends_loss_back, "(the loss?)"),
                (single_broadcasts_loss, "called dist.broadcast"),
-               (single_sends_received_grad, "gradient of the next stage's INPUT"),
+               (single_sends_received_grad, says("the first wrong stage on the way back is stage 1",
+                                                 "the one at stage 2's output", "stage 2 sent back the gradient it "
+                                                 "received instead of the gradient of its INPUT",
+                                                 never="same micro-batch")),
                (single_first_stage_skips_backward, "have no gradient (None)"),
-               (single_zeroes_first, ("called GPTStage.zero_grad()", "the caller zeroes the gradients"))],
+               (single_zeroes_first, ("called GPTStage.zero_grad()", "the caller zeroes the gradients")),
+               (single_steps_optimizer, says("gradients of step 1 are right but its parameters after the step are "
+                                             "not (stage 0 called SGD.step() during step 1)",
+                                             "leave the optimizer", never=("zero_grad", "Divide each")))],
     "gpipe": [(gpipe_loss_not_divided, "Divide each micro-batch's loss by m"),
               (gpipe_zeroes_first, ("called SGD.zero_grad()", "the caller zeroes the gradients")),
               (gpipe_divides_by_stages, says("every gradient is 1/2 of the single-process reference",
                                              never=("divided by m twice", "number of stages"), differs=True)),
               (gpipe_zero_grad_between, "only the LAST micro-batch's"),
+              (gpipe_backward_order_mismatch, says("the first wrong stage on the way back is stage 2",
+                                                   "another micro-batch's gradient (in reverse order",
+                                                   never="INPUT")),
               (gpipe_returns_sum, "SUM of the"),
               (gpipe_one_backward, "call backward once per micro-batch"),
               (gpipe_sends_loss_back, "(the loss?)"),
@@ -581,7 +610,9 @@ WRONG = {
     "prediction": [(predict_megatron, "Megatron's definition"), (predict_1f1b_no_bubble, "keeps GPipe's bubble"),
                    (predict_held_p_everywhere, "p only on stage 0"), (predict_warmup_only, "warm-up forwards only"),
                    (predict_counts_not_bytes, "multiply by mb_bytes"),
-                   (predict_from_cost, "parlab.cost.bubble_fraction")],
+                   (predict_from_cost, "parlab.cost.bubble_fraction"),
+                   (predict_warmup_plus_one, says("When m doubles, your answer grows 1.333 times, not 2 times",
+                                                  "the dependence on the number of micro-batches"))],
 }
 
 WRONG_HIDDEN: dict = {}

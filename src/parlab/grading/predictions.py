@@ -43,15 +43,15 @@ def run_prediction(fn, args: tuple, i: int, spy):
     return plain_number(watched_cost_call(spy, fn, *_arguments(args)))
 
 
-def run_varied(terms: Sequence[Term], fn, args, i: int, spy) -> list:
-    """``[fn(*args), fn(*args with each term's input doubled), ...]`` as plain numbers, each call
-    watched for calls into ``parlab.cost``; a call that raises gives None (the case's own call
-    raises as it would alone)."""
+def run_varied(terms: Sequence[Term], fn, args, i: int, spy, as_plain=plain_number) -> list:
+    """``[fn(*args), fn(*args with each term's input doubled), ...]`` as plain numbers (or as
+    ``as_plain`` makes each result plain data), each call watched for calls into ``parlab.cost``;
+    a call that raises gives None (the case's own call raises as it would alone)."""
     args = _arguments(args)
-    out = [plain_number(watched_cost_call(spy, fn, *args))]
+    out = [as_plain(watched_cost_call(spy, fn, *args))]
     for term in terms:
         try:
-            out.append(plain_number(watched_cost_call(spy, fn, *term.vary(args))))
+            out.append(as_plain(watched_cost_call(spy, fn, *term.vary(args))))
         except Exception:  # noqa: BLE001 - a varied input the answer cannot take says nothing
             out.append(None)
     return out

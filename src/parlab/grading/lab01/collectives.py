@@ -156,8 +156,10 @@ def _diagnose(case: Case, n: int, i: int, got: list, passed: list[Case]) -> str:
                     "world_size, and map back with (vrank + root) % world_size.")
         stuck = [r for r, g in tensors.items() if r != case.root and check.same_values(g, xs[r])]
         if stuck:
-            pow2 = "" if n & (n - 1) == 0 else (f" world_size {n} is not a power of two: does "
-                                                "your tree only reach every rank when it is?")
+            pow2 = (f" world_size {n} is not a power of two, and the ranks left out are those at "
+                    f"distance {_below_pow2(n)} or more from the root: does your tree only reach every "
+                    "rank when the world size is a power of two?"
+                    if _pow2_only(case, n, stuck, passed) else "")
             one = len(stuck) == 1
             return (f"{check.ranks_phrase(stuck)} {'still holds its' if one else 'still hold their'}"
                     f" own input: the broadcast never reached {'it' if one else 'them'} (or you "
@@ -184,6 +186,20 @@ def _diagnose(case: Case, n: int, i: int, got: list, passed: list[Case]) -> str:
                     "reduce-scatter, rank r holds the complete sum of chunk (r + 1) % world_size, "
                     "so the all-gather starts by sending that one.")
     return ""
+
+
+def _below_pow2(n: int) -> int:
+    """The largest power of two not above n."""
+    return 1 << (n.bit_length() - 1)
+
+
+def _pow2_only(case: Case, n: int, stuck: list, passed: list) -> bool:
+    """The evidence of a tree that reaches every rank only on a power of two: the world size is not
+    one, no case at this world size passed, and the ranks left out are exactly those whose distance
+    from the root, (rank − root) % n, is the largest power of two below n or more (what
+    ⌊log2 n⌋ rounds of doubling leave out)."""
+    far = [r for r in range(n) if (r - case.root) % n >= _below_pow2(n)]
+    return n & (n - 1) != 0 and not passed and sorted(stuck) == far
 
 
 def _partial_sums(g: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:

@@ -5,8 +5,10 @@ gradient over ``group`` in backward; ``g`` (``ReduceFromParallel``) is the
 other way round.  Each rank calls ``cls.apply(x, group)`` on its own x with
 its own upstream gradient (f's differ per rank; g's are the same on every
 rank, as after g in a model), with the world or pairs of ranks as the group.
-The grader sums the group's tensors itself and names the likely mistake
-(f and g swapped, the all-reduce missing, the group ignored); the rules read
+The grader sums the group's tensors itself; a hint names a mistake (f and g
+swapped, the all-reduce missing, the group ignored) only when every rank
+returned what that mistake gives (``diagnosis.diagnose``), else it says
+which ranks differ and by what ratio; the rules read
 the collectives made in forward and in backward, and whether x or the
 gradient was changed in place.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ... import check
+from ..diagnosis import diagnose, ratio_words
 from ..harness import Exercise, Graded, Rule
 from ..plain import plain
 from ..records import calls, ops
@@ -63,43 +66,85 @@ def grader(which: str):
             xs = [seeded_tensor(case.shape, 10 * case.seed + r) for r in range(g.n)]
             dys = [seeded_tensor(case.shape, _dy_seed(case, r)) for r in range(g.n)]
             for r, out in enumerate(res):
-                where = f"{case.describe(g.n)}, rank {r}"
                 if not isinstance(out["y"], torch.Tensor):
-                    return f"{g.name}.apply(x, group) returned {out['y']}, not a tensor ({where})."
-                want_y = xs[r] if which == "f" else _group_sum(xs, case, r)
-                want_dx = _group_sum(dys, case, r) if which == "f" else dys[r]
-                size = 2 if case.groups == "pairs" else g.n
-                for name, got, want in (("forward output", out["y"], want_y),
-                                        ("gradient of x", out["dx"], want_dx)):
+                    return (f"{g.name}.apply(x, group) returned {out['y']}, not a tensor "
+                            f"({case.describe(g.n)}, rank {r}).")
+            # what each rank must return: (forward output, gradient of x)
+            wants = [(xs[r] if which == "f" else _group_sum(xs, case, r),
+                      _group_sum(dys, case, r) if which == "f" else dys[r]) for r in range(g.n)]
+            for k, name in enumerate(("forward output", "gradient of x")):
+                for r, out in enumerate(res):
+                    got = out["y" if k == 0 else "dx"]
                     if got is None:
-                        return (f"{g.name}: x got no gradient ({where}): backward must return the "
-                                "gradient for x (and None for group).")
+                        return (f"{g.name}: x got no gradient ({case.describe(g.n)}, rank {r}): "
+                                "backward must return the gradient for x (and None for group).")
                     try:
-                        check.assert_close(got, want, name=name, rank=r)
+                        check.assert_close(got, wants[r][k], name=name, rank=r)
                     except AssertionError as err:
-                        return (f"{g.name} is wrong for {where}.\n{err}\nHint: "
-                                + _hint(which, name, got, xs[r] if name[0] == "f" else dys[r],
-                                        want, size, case))
+                        key, other = ("y", "dx") if k == 0 else ("dx", "y")
+                        return (f"{g.name} is wrong for {case.describe(g.n)}, rank {r}.\n{err}\nHint: "
+                                + _hint(which, name, case, [o[key] for o in res], xs if k == 0 else dys,
+                                        [w[k] for w in wants],
+                                        _summed([o[other] for o in res], dys if k == 0 else xs, case)))
         return None
     return grade
 
 
-def _hint(which: str, name: str, got, own, want, size: int, case: Case) -> str:
-    group = (" Sum over the group you are given (here each pair of ranks), not the whole world: "
-             "pass group=group to dist.all_reduce." if case.groups == "pairs" else "")
-    if which == "f" and name == "forward output":
-        return ("f's forward is the identity: return x as it is. Summing in forward is g's job "
-                "(did you swap f and g?).")
-    if which == "g" and name == "gradient of x":
-        if check.same_values(got, size * want):
-            return (f"the gradient is {size} x the upstream gradient: g's backward is the identity "
-                    "(the all-reduce in backward is f's; did you swap f and g?).")
-        return "g's backward returns the upstream gradient unchanged."
-    if check.same_values(got, own):
-        return ("this rank's own value came back unchanged: the all-reduce is missing"
-                + (" in backward (f's backward sums the gradient over the group)." if which == "f"
-                   else " in forward (g's forward sums x over the group).") + group)
-    return "the sum must run over the ranks of `group`." + group
+def _fits(got: list, want: list) -> bool:
+    """Every rank's tensor equals the one a mistake gives on that rank."""
+    return all(isinstance(t, torch.Tensor) and t.shape == w.shape and check.same_values(t, w)
+               for t, w in zip(got, want))
+
+
+def _summed(got: list, own: list, case: Case) -> bool | None:
+    """Whether every rank's tensor is the sum over its group of ``own`` (True), ``own`` itself
+    (False), or neither (None)."""
+    if _fits(got, [_group_sum(own, case, r) for r in range(len(got))]):
+        return True
+    return False if _fits(got, own) else None
+
+
+def _hint(which: str, name: str, case: Case, got: list, own: list, want: list, other: bool | None) -> str:
+    """What every rank's ``got`` (the wrong tensor) shows, against each rank's ``own`` input (x or
+    the upstream gradient) and ``want``, and whether the other pass summed (``other``, from
+    ``_summed``): a mistake is named only when its value is what every rank returned
+    (``diagnosis.diagnose``), else the message says which ranks differ and by what ratio."""
+    n = len(got)
+    sums = [_group_sum(own, case, r) for r in range(n)]
+    world = [torch.stack(own).sum(0)] * n
+    summing = (which, name) in (("f", "gradient of x"), ("g", "forward output"))
+    if summing:  # f's backward, g's forward: a sum over the group
+        where = (" in backward (f's backward sums the gradient over the group)." if which == "f"
+                 else " in forward (g's forward sums x over the group).")
+        signatures = {
+            "missing": (own, "every rank's own value came back unchanged: the all-reduce is missing" + where),
+            "world": (world, "every rank holds the sum over ALL ranks, not over its group (the groups "
+                             "here are pairs of ranks): pass group=group to dist.all_reduce."),
+        }
+    else:  # f's forward, g's backward: the identity
+        this, that = ("forward", "backward") if which == "f" else ("backward", "forward")
+        signatures = {"world": (world, f"every rank's {name} is the sum over all ranks; {which}'s {this} "
+                                       "is the identity.")}
+        if other is False:  # the sum is here, and the other pass, which should sum, did not
+            signatures["swapped"] = (sums, f"your {which} sums over the group in {this} and passes "
+                                           f"{that} through unchanged: that is the other Function "
+                                           "(did you swap f and g?).")
+        elif other is True:  # the other pass sums, as it should, and this one sums as well
+            signatures["twice"] = (sums, f"{which}'s {this} is the identity: your {which} sums over the "
+                                         f"group in {that} (right) and again in {this}.")
+    named = diagnose([{k: s for k, (value, s) in signatures.items()
+                       if (k != "world" or case.groups == "pairs") and _fits(got, value)}])
+    if named:
+        return named
+    bad = [r for r in range(n) if not _fits(got[r:r + 1], want[r:r + 1])]
+    scale = check.grad_scale({"t": got[bad[0]]}, {"t": want[bad[0]]}) if isinstance(got[bad[0]], torch.Tensor) else None
+    same = scale and all(abs((check.grad_scale({"t": got[r]}, {"t": want[r]}) or 0) / scale - 1) < 1e-3
+                         for r in bad)
+    ratio = f" (each is {ratio_words(scale)} the right one)" if same else ""
+    right = ("the sum of " + ("the upstream gradient" if which == "f" else "x") + " over the ranks of `group`"
+             if summing else ("x as it came" if name == "forward output" else "the upstream gradient unchanged"))
+    return (f"the {name} is wrong on {check.ranks_phrase(bad)} of {n}{ratio}; {which}'s "
+            f"{'backward' if name != 'forward output' else 'forward'} returns {right}.")
 
 
 # ---------------------------------------------------------------- rules

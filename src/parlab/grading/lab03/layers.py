@@ -240,12 +240,38 @@ def _layer_hint(case: Case, got: list, ref: dict, n: int, key: str, records: lis
     if shapes_ok and key == "y" and check.same_values(torch.stack(got).sum(0) - (n - 1) * bias, want):
         return "each rank returned its partial sum: the all-reduce in forward (g) is missing."
     if shapes_ok and all(check.same_values(t, n * want) for t in got):
-        return f"every rank holds {n} x the right {'output' if key == 'y' else 'gradient'}: summed once too often (f and g swapped?)."
+        return _summed_too_often(case, n, key, records)
     if case.kind == "sp" and key == "y":
         return _sp_hint(case, got, ref, n, records)
     if case.kind == "attn" and key == "y" and shapes_ok:
         return _attention_hint(case, got, ref, n)
     return ""
+
+
+#: All-reduces each layer makes in (forward, backward).
+_ALL_REDUCES = {"column": (0, 1), "row": (1, 0), "mlp": (1, 1), "attn": (1, 1)}
+
+
+def _summed_too_often(case: Case, n: int, key: str, records: list) -> str:
+    """Every rank holds n x the right tensor: which of two mistakes that give it the records show
+    (a full layer's result summed: the rank holds the full layer's parameters and made the layer's
+    all-reduces; or a second all-reduce), named only when one fits every rank."""
+    what = "output" if key == "y" else "gradient of the input"
+    backward = key == "dx"
+    pass_ = "backward" if backward else "forward"
+    want = _ALL_REDUCES.get(case.kind, (None, None))[backward]
+    made = [ops(rec, backward=backward).count("all_reduce") for rec in records]
+    full = sum(p.numel() for p in reference_module(case).parameters())
+    holds_full = [(event(rec, "built") or {}).get("numel", 0) >= full for rec in records]
+    fits = [{"full": f"each rank holds the whole layer and computed its {what}, not its shard's partial sum, "
+                     f"and the all-reduce in {pass_} added up {n} copies: compute with this rank's shards only."}
+            if want and k == want and holds_full[r] else
+            {"twice": f"rank {r} made {k} all-reduces in {pass_}, where the layer makes {want}: the {what} "
+                      "was summed again after it was complete."} if want is not None and k > want else {}
+            for r, k in enumerate(made)]
+    named = diagnose(fits)
+    return f"every rank holds {n} x the right {what}" + (f": {named}" if named else
+                                                          f" (all-reduces in {pass_} per rank: {made}).")
 
 
 _RESHAPE = ("rank r holds heads r·n_head/t to (r+1)·n_head/t − 1, which are rows r·d_model/t to "

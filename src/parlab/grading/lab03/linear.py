@@ -7,7 +7,7 @@ group=None)`` keeps columns (in_features/n), takes this rank's slice of
 the input features and returns the full output.  Both run on ``layers``'
 runner and grader; the rules here read which collectives ran in forward and
 in backward, and an error from a weight shard that does not fit its input
-gets a hint about the split dimension.
+says which sizes differ and by what factor, and how nn.Linear's weight is split.
 """
 from __future__ import annotations
 
@@ -53,16 +53,45 @@ def _column_comm(records, case, n):
     return None
 
 
+_SPLITS = ("nn.Linear's weight is (out_features, in_features): a column-parallel layer keeps rows (dim 0), "
+           "out_features/t of them, and takes the whole input; a row-parallel layer keeps columns (dim 1), "
+           "in_features/t of them, to match this rank's slice of the input features.")
+
+
+def _on_error(split: str):
+    """The hint of a layer splitting ``split`` ("out_features" or "in_features") for an error text."""
+    dim = 0 if split == "out_features" else 1
+
+    def hint(text: str) -> str:
+        refused = re.findall(r"ValueError: (.*)", text)
+        if refused and "divisible" in refused[-1]:
+            # the runner catches a ValueError on an uneven case: this one came on a case that divides
+            return (f"your layer refused a case whose {split} divides evenly by the number of ranks (the "
+                    f"first line names the case), with \"{refused[-1][:120]}\": check that the size you "
+                    f"test is the one this layer splits, {split} (dim {dim} of the weight).")
+        return _shape_error(text)
+    return hint
+
+
 def _shape_error(text: str) -> str:
+    """What a shape error shows: which tensors' sizes differ, by what factor (never a guess at why)."""
     if "invalid gradient" in text and re.search(r"got \[[\d, ]*\b0\]", text):
         return ("a backward returned an empty slice of the gradient. On a group smaller than the world "
                 "(the cases with groups of 2 ranks), a rank's slice of the group's tensor starts at its "
                 "place in the group, dist.get_rank(group), not at its global rank.")
-    if "cannot be multiplied" in text or "size of tensor" in text or "shape" in text:
-        return ("the weight shard does not fit the input: did you split the wrong dimension? "
-                "nn.Linear's weight is (out_features, in_features): a column-parallel layer keeps "
-                "rows (dim 0), a row-parallel layer keeps columns (dim 1) and gets this rank's slice "
-                "of the input features.")
+    # F.linear's error: mat1 is the input (rows x its features), mat2 the weight transposed (in x out)
+    found = re.findall(r"shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)", text)
+    if found:
+        _, given, takes, _ = map(int, found[-1])
+        if given and takes and max(given, takes) % min(given, takes) == 0:
+            k = max(given, takes) // min(given, takes)
+            more = "weight takes" if takes > given else "input holds"
+            return (f"the input reaching F.linear holds {given} features and the weight takes {takes}: the "
+                    f"{more} {k} times as many as the other, a split of one of them that the other did "
+                    "not get. " + _SPLITS)
+        return f"the input reaching F.linear holds {given} features and the weight takes {takes}. " + _SPLITS
+    if "cannot be multiplied" in text or "size of tensor" in text:
+        return "a tensor's size does not fit the one it is combined with (the error above names both). " + _SPLITS
     return ""
 
 
@@ -72,10 +101,10 @@ COLUMN = exercise("column", "ColumnParallelLinear", grade_with_uneven("out_featu
                    Rule("No all-gather of the full weight: forward communicates only to gather the output "
                         "(with `gather_output=True`), and backward makes one all-reduce.", _column_comm),
                    uneven_rule("out_features")),
-                  on_error=_shape_error)
+                  on_error=_on_error("out_features"))
 ROW = exercise("row", "RowParallelLinear", grade_with_uneven("in_features"), VISIBLE_ROW, HIDDEN_ROW,
                (SHARDS_ONLY,
                 Rule("Forward makes exactly one all-reduce (of the output); backward makes none.",
                      one_each(["all_reduce"], [], "one all-reduce in forward, none in backward")),
                 uneven_rule("in_features")),
-               on_error=_shape_error)
+               on_error=_on_error("in_features"))

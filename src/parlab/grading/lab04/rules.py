@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from ...cost import activations_held
+from ...parallel.pp_schedule import warmup_forwards
 from ..harness import Rule
 from ..records import calls, describe, events, first, steps
 from ..spy import COLLECTIVES
@@ -65,9 +67,10 @@ def messages(records, case, n):
     return None
 
 
-def _order(records, case, n, warmup, what: str):
+def _order(records, case, n, schedule: str):
+    what = {"gpipe": "in GPipe", "1f1b": "in 1F1B"}[schedule]
     for r, rec in enumerate(records):
-        w = warmup(n, r, case.m)
+        w = warmup_forwards(n, case.m, r, schedule)
         want = [max(0, k - w) for k in range(case.m)]
         for s, step in enumerate(_steps(rec)):
             got = _forwards(step)
@@ -83,7 +86,7 @@ def _order(records, case, n, warmup, what: str):
                     return (f"stage {r} ran {before} forwards before its first backward; {what} on "
                             f"{n} stages with m = {case.m}, stage {r} runs {expected}"
                             + (f" (p − r − 1 = {n - r - 1} warm-up forwards, then the first forward "
-                               "of the steady phase)." if warmup is one_f_one_b_warmup else ".")
+                               "of the steady phase)." if schedule == "1f1b" else ".")
                             + f" Its forwards came after {got} backwards.")
                 k = next(k for k in range(case.m) if got[k] != want[k])
                 return (f"after the warm-up, stage {r} must alternate one forward and one backward: its "
@@ -91,25 +94,17 @@ def _order(records, case, n, warmup, what: str):
     return None
 
 
-def gpipe_warmup(p: int, r: int, m: int) -> int:
-    return m
-
-
-def one_f_one_b_warmup(p: int, r: int, m: int) -> int:
-    return min(p - r - 1, m)
-
-
 def gpipe_order(records, case, n):
-    return _order(records, case, n, gpipe_warmup, "in GPipe")
+    return _order(records, case, n, "gpipe")
 
 
 def one_f_one_b_order(records, case, n):
-    return _order(records, case, n, one_f_one_b_warmup, "in 1F1B")
+    return _order(records, case, n, "1f1b")
 
 
 def memory_bound(records, case, n):
     for r, rec in enumerate(records):
-        allowed = min(n - r, case.m)
+        allowed = activations_held(n, case.m, "1f1b", r)  # min(p − r, m)
         for s, step in enumerate(_steps(rec)):
             noted = events(step, "held")
             if not noted or not noted[-1]["per_mb"]:

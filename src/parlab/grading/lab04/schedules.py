@@ -8,7 +8,12 @@ stage's gradients and parameters, and the last stage's loss, are compared with
 ``parlab.reference.reference_steps`` on the whole batch (its ``grad_accum``
 splits the batch into the same micro-batches).  Hints name the common
 mistakes: a loss not divided by m, gradients that hold only the last
-micro-batch (not accumulated), a stage whose parameters got none.
+micro-batch (not accumulated), a stage whose parameters got none, and, when a
+stage's gradients are wrong, which stages are, and what the gradient that
+reached the first wrong one on the way back was, when one known mistake gives
+exactly its gradients (another stage's gradient passed on, another
+micro-batch's gradient: ``_received``); a changed parameter names the
+optimizer step the answer made.
 
 The runner also notes, for ``rules``, the start of each step, each forward
 (with how many finished micro-batches were still referenced) and the
@@ -32,6 +37,8 @@ from ..harness import Graded
 from ..diagnosis import diagnose, ratio_words, scale_fits
 from ..numbers import number_message
 from ..plain import plain
+from ..records import events
+from ..records import steps as cut_steps
 
 # The seeds of every lab 04 case: the model's initial weights and the batches.
 INIT_SEED, DATA_SEED = 5, 11
@@ -262,15 +269,24 @@ def _unflat(vector, layout) -> dict:
     return {k: t.view(shape) for (k, shape), t in zip(layout, torch.split(vector, sizes))}
 
 
-def _stage_message(case, n: int, s: int, r: int, st: dict, layout) -> str | None:
+def step_of(record: dict, s: int) -> dict:
+    """Step ``s`` (from 0) of a rank's record, cut at the "step" event the runner notes at each start."""
+    cut = cut_steps(record, "step", opens=True)
+    return cut[s] if s < len(cut) else {"events": [], "calls": [], "backward": 0}
+
+
+def _stage_message(case, n: int, s: int, r: int, st: dict, layout, stages: list | None = None,
+                   record: dict | None = None) -> str | None:
     ref = _reference(case).steps[s]
     want_g, want_p = _flat_named(ref.grads, layout), _flat_named(ref.params, layout)
     none = st["grads"]["none"]
     if not none and check.same_values(st["grads"]["flat"], want_g):
         if check.same_values(st["params"], want_p):
             return None
+        stepped = [e["what"] for e in events(step_of(record, s), "optimizer_step")] if record else []
         return (f"stage {r}'s gradients of step {s + 1} are right but its parameters after the step "
-                "are not: leave the optimizer and the parameters to the caller.")
+                "are not" + (f" (stage {r} called {stepped[0]}.step() during step {s + 1})" if stepped else "")
+                + ": leave the optimizer and the parameters to the caller.")
     where = f"stage {r} (rank {r}), step {s + 1}"
     if none:
         return (f"{where}: {len(none)} parameters of this stage have no gradient (None), e.g. "
@@ -303,13 +319,86 @@ def _stage_message(case, n: int, s: int, r: int, st: dict, layout) -> str | None
     try:
         check.assert_grads_match(got, want, rank=r)
     except AssertionError as err:
-        hint = ""
-        if r < n - 1:
-            hint = ("\nHint: a stage before the last gets its gradients from the gradient the next "
-                    "stage sends back: is it the gradient of the next stage's INPUT (the tensor "
-                    "you received and called requires_grad_() on), for the same micro-batch?")
-        return f"{where}: the gradients do not match the single-process reference.\n{err}{hint}"
+        return (f"{where}: the gradients do not match the single-process reference.\n{err}"
+                + _origin(case, n, s, stages))
     return f"{where}: the gradients do not match the single-process reference."
+
+
+def _origin(case, n: int, s: int, stages: list | None) -> str:
+    """Which stages' gradients are wrong in step ``s``, and what the gradient that reached the last of
+    them (the first on the way back) was, when one known mistake explains it (``_received``)."""
+    if not stages:
+        return ""
+    ref, layouts = _reference(case).steps[s], _names(case, n)
+    wrong = [q for q, st in enumerate(stages)
+             if not check.same_values(st["grads"]["flat"], _flat_named(ref.grads, layouts[q]))]
+    if not wrong:
+        return ""
+    q = wrong[-1]
+    text = (f"\nIn step {s + 1}, the gradients of {_stages_phrase(wrong)} differ from the reference and "
+            f"those of {_stages_phrase([k for k in range(n) if k not in wrong]) or 'no stage'} match: the "
+            f"first wrong stage on the way back is stage {q}")
+    if q == n - 1 or s > 0:  # the last stage's gradients come from its own loss, not from a message
+        return text + "."
+    named = diagnose([_received(case, n, q, stages[q]["grads"]["flat"])])
+    return text + (f": {named}" if named else
+                   ", so the gradient it received for its output, or its own backward, differs.")
+
+
+def _stages_phrase(stages: list) -> str:
+    return check.ranks_phrase(stages).replace("rank", "stage") if stages else ""
+
+
+def _received(case, n: int, q: int, flat) -> dict:
+    """The known mistakes in the gradient stage ``q`` (not the last) received for its output whose
+    result, in step 1, is ``flat``, its gradients: another stage's gradient passed on, or another
+    micro-batch's gradient; ``{name: sentence}`` of those that give exactly ``flat``."""
+    model = case.build()
+    parts = [gpt_stage(model, n, k) for k in range(n)]
+    outs, grads = [], []  # per micro-batch: stage q's output, and the gradient at each stage's output
+    for x, y in case.batches(0):
+        acts, a = [], x  # x: (b/m, s) token ids; each stage's output: (b/m, s, d)
+        for stage in parts[:-1]:
+            a = stage(a)
+            acts.append(a)
+        loss = parts[-1].loss(parts[-1](a), y) / case.m
+        grads.append(torch.autograd.grad(loss, acts, retain_graph=True))
+        outs.append(acts[q])
+    layout, params = _names(case, n)[q], dict(parts[q].named_parameters())
+
+    def backward_with(pick) -> torch.Tensor:
+        """Stage q's gradients when micro-batch j's output gets the gradient ``pick(j)``."""
+        total = {k: torch.zeros_like(p) for k, p in params.items()}
+        for j, out in enumerate(outs):
+            got = torch.autograd.grad(out, list(params.values()), pick(j), retain_graph=True, allow_unused=True)
+            for k, g in zip(params, got):
+                if g is not None:
+                    total[k] += g
+        return _flat_named(total, layout)
+
+    fits = {}
+    for k in range(q + 1, n - 1):  # the gradient at stage k's output, passed on by stages q+1 .. k
+        if check.same_values(flat, backward_with(lambda j: grads[j][k])):
+            fits["passed on"] = (f"its gradients are what backward gives when the gradient it received is "
+                                 f"the one at stage {k}'s output, not at its own: "
+                                 f"{_stages_phrase(list(range(q + 1, k + 1)))} sent back the gradient "
+                                 "{} received instead of the gradient of {} INPUT (the tensor received and "
+                                 "called requires_grad_() on).".format(*(("it", "its") if k == q + 1
+                                                                         else ("they", "their"))))
+    m = case.m
+    orders = {}
+    for name, perm in (("in reverse order", [m - 1 - j for j in range(m)]),
+                       ("one micro-batch later", [(j + 1) % m for j in range(m)]),
+                       ("one micro-batch earlier", [(j - 1) % m for j in range(m)])):
+        orders.setdefault(tuple(perm), name)
+    for perm, name in orders.items():
+        if m > 1 and check.same_values(flat, backward_with(lambda j: grads[perm[j]][q])):
+            fits["other micro-batch"] = (f"its gradients are what backward gives when each micro-batch's "
+                                         f"output gets another micro-batch's gradient ({name}: micro-batch "
+                                         f"{perm[0]}'s for micro-batch 0): run each backward with the "
+                                         "gradient the next stage sent for the same micro-batch, in the "
+                                         "order it sends them.")
+    return fits
 
 
 def _loss_message(case, s: int, got) -> str | None:
@@ -333,7 +422,8 @@ def grade(g: Graded) -> str | None:
                 return f"{g.name} is wrong for {case.describe(g.n)}: stage {r} did not finish its steps."
         for s in range(case.steps):
             for r in range(g.n):
-                msg = _stage_message(case, g.n, s, r, runs[r][s], layouts[r])
+                msg = _stage_message(case, g.n, s, r, runs[r][s], layouts[r], [run[s] for run in runs],
+                                     g.records[r][i] if g.records else None)
                 if msg:
                     return f"{g.name} is wrong for {case.describe(g.n)}.\n{msg}"
             msg = _loss_message(case, s, runs[g.n - 1][s]["loss"])
