@@ -34,9 +34,16 @@ def test_the_band_holds_every_layout_within_the_error_once_at_its_best(name, ban
             key = planner_band.layout_key(plan)
             fastest[key] = max(fastest.get(key, 0), planner.predict(plan, work).tokens_per_second)
     floor = best.tokens_per_second * (1 - got.error)
-    assert {planner_band.layout_key(c.plan) for c in got.choices} == {k for k, v in fastest.items() if v >= floor}
+    inside = {k: v for k, v in fastest.items() if v >= floor}
+    # the same degrees that several frameworks run at the same prediction are one layout, naming them all
+    shapes = {}
+    for k, v in inside.items():
+        shapes.setdefault((k[:-1], round(v, 3)), set()).add(k[-1])
+    assert len(got.choices) == len(shapes)
     for c in got.choices:
-        assert c.prediction.tokens_per_second == pytest.approx(fastest[planner_band.layout_key(c.plan)], rel=1e-12)
+        key = planner_band.layout_key(c.plan)
+        assert c.prediction.tokens_per_second == pytest.approx(fastest[key], rel=1e-12)
+        assert set(c.notes["framework"].split(", ")) == shapes[(key[:-1], round(fastest[key], 3))]
         assert set(c.notes) == {"margin", "framework", "axes across nodes", "stages"}
     shares = [c.share for c in got.choices]
     assert shares == sorted(shares, reverse=True) and shares[0] == 1

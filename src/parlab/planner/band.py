@@ -10,7 +10,9 @@ within that share of the best plan's throughput is one the model cannot be trust
 cp, tp, pp, v, ep and the framework that runs it) at its own best ZeRO stage (and HSDP shard),
 micro-batch and recomputation (the simplest among equal predictions, ``planner.simplicity``), so that
 no alternative is shown at a setting that handicaps it and no layout is counted twice for a setting that changes
-nothing.  Among them the
+nothing; the same degrees that several frameworks run at the same prediction are one layout, its
+notes naming every framework that runs it.  Degrees whose frameworks predict differently (torchtitan's
+SP keeps the gathered inputs, Megatron-LM's its slice) stay two layouts.  Among them the
 choice rests on what the model leaves out, and ``Choice.notes`` names it for each plan:
   memory margin   the GB left under the usable HBM (fragmentation, communication buffers and
                   the CUDA context are not counted; a small margin risks running out of memory);
@@ -82,10 +84,10 @@ def _crossing_axes(plan: planner.Plan, c: planner.Cluster) -> int:
     return sum(axes) + any(planner.boundary_crosses(plan, c))
 
 
-def _notes(pred: planner.Prediction, work: planner.Workload) -> dict:
+def _notes(pred: planner.Prediction, work: planner.Workload, runs: list[str]) -> dict:
     plan, c = pred.plan, work.cluster
     margin = c.usable_memory - sum(pred.memory.values())
-    return {"margin": f"{margin / 1e9:.1f} GB", "framework": frameworks.runs_on(plan),
+    return {"margin": f"{margin / 1e9:.1f} GB", "framework": ", ".join(runs),
             "axes across nodes": str(_crossing_axes(plan, c)), "stages": str(plan.pp)}
 
 
@@ -109,7 +111,25 @@ def band(work: planner.Workload, error: float | None = None) -> Band | None:
             fastest[key] = pred
     if not fastest:
         return None
-    ranked = sorted(fastest.values(), key=lambda p: -p.tokens_per_second)
+    ranked, runs = _one_per_shape(fastest)
     top = ranked[0].tokens_per_second
     inside = [p for p in ranked if p.tokens_per_second >= top * (1 - error)]
-    return Band(error, tuple(Choice(p, p.tokens_per_second / top, _notes(p, work)) for p in inside))
+    return Band(error, tuple(Choice(p, p.tokens_per_second / top, _notes(p, work, runs[id(p)])) for p in inside))
+
+
+def _one_per_shape(fastest: dict) -> tuple[list, dict]:
+    """The frameworks' best plans, ranked, with one shape (the degrees of ``layout_key``) kept once
+    where several frameworks predict it the same (Megatron-LM's ZeRO-1, DeepSpeed's ZeRO-2 and
+    torchtitan's FSDP of dp 8 when DP hides behind backward): the simplest plan, and ``{id: the
+    frameworks that run it at that prediction}``."""
+    kept: list[planner.Prediction] = []
+    runs: dict[int, list[str]] = {}
+    for key, pred in sorted(fastest.items(), key=lambda kv: (-kv[1].tokens_per_second, planner.simplicity(kv[1].plan))):
+        twin = next((k for k in kept if layout_key(k.plan)[:-1] == key[:-1]
+                     and math.isclose(k.tokens_per_second, pred.tokens_per_second, rel_tol=1e-9)), None)
+        if twin is None:
+            kept.append(pred)
+            runs[id(pred)] = [key[-1]]
+        elif key[-1] not in runs[id(twin)]:
+            runs[id(twin)].append(key[-1])
+    return kept, runs
