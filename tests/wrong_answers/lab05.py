@@ -522,6 +522,19 @@ def fsdp2_blocks_only(model, blocks):
         fully_shard(block)
 
 
+def fsdp2_on_a_copy(model, blocks):
+    """Shards a deep copy of the model, blocks first and then the root, and returns nothing: the
+    model it was given is left as it was, unsharded, and trains without any reduction."""
+    import copy
+
+    from torch.distributed.fsdp import fully_shard
+
+    twin = copy.deepcopy(model)
+    for block in twin.blocks if hasattr(twin, "blocks") else []:
+        fully_shard(block)
+    fully_shard(twin)
+
+
 def fsdp2_root_first(model, blocks):
     """Wraps the root before the blocks."""
     from torch.distributed.fsdp import fully_shard
@@ -789,7 +802,7 @@ WRONG = {
               (zero2_zero_fills_frozen, "shrank by exactly AdamW's weight decay"),
               (zero2_keeps_flat_buffer, "the size of the whole gradient"),
               (zero2_steps_every_param, "every rank steps every parameter")],
-    "zero3": [(zero3_freed_before_backward, "freed when backward needed them"),
+    "zero3": [(zero3_freed_before_backward, "storage had been freed (resized to 0)"),
               (zero3_gather_never_freed, "was not freed"),
               (zero3_is_zero1_with_copies, "ZeRO-1 with extra copies"),
               (zero3_all_reduce, "reduce-scatter"),
@@ -809,6 +822,8 @@ WRONG = {
               (fsdp2_blocks_grouped, "not each their own unit"),
               (fsdp2_blocks_only, "fully_shard on the root"),
               (fsdp2_root_first, "blocks first and the root last"),
+              (fsdp2_on_a_copy, says("nothing of the model the check trains was sharded",
+                                     never="fully_shard on the root model")),
               (fsdp2_summed, "not averaged"),
               (fsdp2_no_reshard, "reshard_after_forward=False"),
               (fsdp2_every_linear, "too many units")],

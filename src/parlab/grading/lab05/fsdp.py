@@ -137,11 +137,19 @@ def _wrong_grads(where, bad, got, want, case, idx, r, n) -> str:
                 "world size, as DDP does).")
     own = grads_of(case, idx[r * case.rows:(r + 1) * case.rows])
     local = [k for k in bad if bool(check.close_mask(got[k], own[k]).all())]
+    outside = {k for k in want if not k.startswith("blocks.")}
+    if local and set(local) == set(bad) and set(bad) >= outside and len(bad) > len(outside):
+        return (head + f" All {len(local)} hold this rank's own gradient, never averaged over the ranks, "
+                "blocks and the rest alike: nothing of the model the check trains was sharded. Call "
+                "fully_shard on the model and blocks you are given (it shards them in place), or return "
+                "the module you sharded.")
+    if local and set(local) == set(bad) == outside:
+        return (head + f" {local} hold this rank's own gradient, never averaged over the ranks, and every "
+                "block's gradients are right: the parameters outside the blocks (embeddings, final norm, "
+                "output layer) are sharded and reduced only when you also call fully_shard on the root "
+                "model, after the blocks.")
     if local:
-        return (head + f" {local} hold this rank's own gradient, never averaged over the ranks: "
-                "the parameters outside the blocks (embeddings, final norm, output layer) are "
-                "sharded and reduced only when you also call fully_shard on the root model, "
-                "after the blocks.")
+        return head + f" {local} hold this rank's own gradient, never averaged over the ranks."
     k = bad[0]
     i = int((~check.close_mask(got[k], want[k])).flatten().nonzero()[0])
     return head + (f" Element {i} of it: got {float(got[k].flatten()[i]):.6g}, expected "
@@ -188,8 +196,12 @@ def default_resharding(records, case, n) -> str | None:
 
 
 def error_hint(text: str) -> str:
-    if "Invariant" in text or "DTensor" in text or "already" in text:
-        return ("shard the blocks first and the root last: fully_shard(model) takes every "
+    # torch 2.13: fully_shard of a block whose parameters the root already made DTensors fails in
+    # FSDPParam's sharding spec (an "Invariant" on the mesh) or, in other versions, says so outright
+    inside = "_fully_shard" in text and ("_init_sharding_spec" in text or "Invariant encountered" in text)
+    if inside or "already managed by another FSDP" in text:
+        return ("fully_shard failed on parameters another fully_shard call had already sharded. Shard "
+                "the blocks first and the root last: fully_shard(model) takes every "
                 "parameter not yet sharded, the blocks' too, so a block wrapped after the root "
                 "finds its parameters already sharded.")
     return ""

@@ -1,9 +1,10 @@
 """Lab 05, Exercises 3-5: what the grader says about a ZeRO answer that crashed or trained wrong.
 
-``frozen_hint`` and ``error_hint`` turn a rank's error into advice: torch's
-and gloo's wordings of collective sizes that are not world_size equal pieces
-(an unpadded flat vector), a frozen parameter's ``.grad`` of None, a layer
-freed before its backward read it.  ``wrong_params`` and ``frozen_moved``
+``frozen_hint`` and ``error_hint`` turn a rank's error into advice, each only
+on the words that show its mistake: torch's and gloo's wordings of
+collective sizes that are not world_size equal pieces (an unpadded flat
+vector), a None used as a tensor where the failing code reads a ``.grad`` (a
+frozen parameter's is None), a tensor read after its storage was freed.  ``wrong_params`` and ``frozen_moved``
 say how parameters differ from single-process training, and name the
 mistake where the parameters show it: shards never written back or not
 covering every element (the parameters that never moved), frozen
@@ -34,8 +35,9 @@ def frozen_hint(text: str) -> str:
     """ZeRO-1/2: a parameter's ``.grad`` was None, as a frozen parameter's always is."""
     if hint := uneven_hint(text):
         return hint
-    if "'NoneType' object has no attribute" in text or "got NoneType" in text:
-        return ("a parameter's .grad was None. The check's last model has frozen parameters "
+    if ("'NoneType' object has no attribute" in text or "got NoneType" in text) and ".grad" in text:
+        return ("the traceback's code reads a .grad, and a None was used as a tensor: a parameter's "
+                ".grad is None when it gets no gradient. The check's last model has frozen parameters "
                 "(requires_grad=False), which get no gradient: shard only the parameters with "
                 "p.requires_grad, and leave the frozen ones untouched (filling their gradient with "
                 "zeros is not the same: AdamW's weight decay would still move them).")
@@ -62,10 +64,10 @@ def frozen_moved(where: str, s: int, got, want, case) -> str:
 def error_hint(text: str) -> str:
     if hint := uneven_hint(text):
         return hint
-    if "storage" in text or "out of bounds" in text or "size 0" in text:
-        return ("a layer's parameters were freed when backward needed them: backward reads the "
-                "weights again, so gather them before each layer's backward (a hook on the "
-                "layer's output) and free them only after.")
+    if "storage of size 0" in text:  # torch's words for a tensor whose storage was resized to 0 (freed)
+        return ("backward read a tensor whose storage had been freed (resized to 0): backward reads "
+                "the weights again, so gather each layer's parameters before its backward (a hook on "
+                "the layer's output) and free them only after.")
     return ""
 
 
