@@ -396,7 +396,7 @@ WRONG = {
     ],
     "gpus_to_hold_state": [
         (gpus_floor, "rounded down"),
-        (gpus_float, "int"),
+        (gpus_float, "return it as an int"),
         (gpus_weights_only, "only the weights"),
         (gpus_weights_and_grads, "weights and gradients only"),
         (gpus_no_master, says("16 bytes per parameter", "rounded up",

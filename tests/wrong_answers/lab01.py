@@ -358,7 +358,7 @@ WRONG = {
         (rs_ag_forgets_remainder, "forget the last chunk"),
         (rs_ag_returns_own_chunk, "only its own chunk"),
         (rs_ag_no_all_gather, "own input"),
-        (rs_ag_default_dtype, "dtype"),
+        (rs_ag_default_dtype, "must keep the input's dtype"),
         (rs_ag_uses_all_reduce, "called dist.all_reduce"),
         (rs_ag_result_into_input, "input x was modified"),
         (rs_ag_only_reduce_scatter, "never called dist.all_gather"),
