@@ -6,8 +6,9 @@ each keyed by the exercises of ``parlab.grading.lab07.EXERCISES``; a wrong
 answer comes with the words the check's message must contain.  Ring attention: partial
 softmaxes merged without rescaling; the causal mask wrong on global
 positions (later chunks attended, or every block masked as if it were the
-diagonal); the scores left unscaled; a send/send deadlock; a backward whose
-dK/dV never travel back; and right numbers reached the wrong way (an
+diagonal) or never applied; the scores left unscaled or scaled by 1/D; a
+send/send deadlock; a backward whose dK/dV never travel, or stop one hop
+short of their owner; and right numbers reached the wrong way (an
 all-gather of K/V, compute before the send, an input scaled in place, the
 ring run towards rank r - 1).  Zig-zag: the plain split, no check of the
 length, an error that does not say what is wrong.  Expert parallelism: the
