@@ -1316,6 +1316,9 @@ def problems(plan: Plan, work: Workload) -> list[Problem]:
         add("recompute", f"recompute=\"op\" (torchtitan's op-level selective checkpointing) is priced for a dense "
                          f"Llama-shaped model with SDPA; {m.name} has "
                          + ("experts" if m.experts else "stored attention scores" if m.scores else "MLA"))
+    if plan.recompute == "op" and plan.tp > 1 and not plan.sp:
+        add("recompute", f"recompute=\"op\" with tp={plan.tp} is priced as torchtitan runs it, with sequence "
+                         "parallelism on the norms (its TP plan always has it): set sp=True")
     if plan.dp * plan.micro_batch * plan.accum != work.global_batch:
         add("batch", f"dp·micro_batch·accum = {plan.dp}·{plan.micro_batch}·{plan.accum} = "
                      f"{plan.dp * plan.micro_batch * plan.accum}, but the global batch is {work.global_batch}")

@@ -84,10 +84,17 @@ def _crossing_axes(plan: planner.Plan, c: planner.Cluster) -> int:
     return sum(axes) + any(planner.boundary_crosses(plan, c))
 
 
-def _notes(pred: planner.Prediction, work: planner.Workload, runs: list[str]) -> dict:
+def _margin(pred: planner.Prediction, c: planner.Cluster) -> str:
+    return f"{(c.usable_memory - sum(pred.memory.values())) / 1e9:.1f} GB"
+
+
+def _notes(pred: planner.Prediction, work: planner.Workload, runs: list) -> dict:
+    """The choice's notes; where several frameworks run its degrees at its prediction, each with its own
+    best setting and margin ("Megatron-LM: ZeRO-1, 0.9 GB left; DeepSpeed: ZeRO-2, 5.5 GB left")."""
     plan, c = pred.plan, work.cluster
-    margin = c.usable_memory - sum(pred.memory.values())
-    return {"margin": f"{margin / 1e9:.1f} GB", "framework": ", ".join(runs),
+    framework = runs[0][0] if len(runs) == 1 else "; ".join(
+        f"{name}: ZeRO-{p.plan.zero}, {_margin(p, c)} left" for name, p in runs)
+    return {"margin": _margin(pred, c), "framework": framework,
             "axes across nodes": str(_crossing_axes(plan, c)), "stages": str(plan.pp)}
 
 
@@ -120,16 +127,16 @@ def band(work: planner.Workload, error: float | None = None) -> Band | None:
 def _one_per_shape(fastest: dict) -> tuple[list, dict]:
     """The frameworks' best plans, ranked, with one shape (the degrees of ``layout_key``) kept once
     where several frameworks predict it the same (Megatron-LM's ZeRO-1, DeepSpeed's ZeRO-2 and
-    torchtitan's FSDP of dp 8 when DP hides behind backward): the simplest plan, and ``{id: the
-    frameworks that run it at that prediction}``."""
+    torchtitan's FSDP of dp 8 when DP hides behind backward): the simplest plan, and ``{id: [(framework,
+    its own best plan's prediction)]}`` for every framework that runs it at that prediction."""
     kept: list[planner.Prediction] = []
-    runs: dict[int, list[str]] = {}
+    runs: dict[int, list[tuple[str, planner.Prediction]]] = {}
     for key, pred in sorted(fastest.items(), key=lambda kv: (-kv[1].tokens_per_second, planner.simplicity(kv[1].plan))):
         twin = next((k for k in kept if layout_key(k.plan)[:-1] == key[:-1]
                      and math.isclose(k.tokens_per_second, pred.tokens_per_second, rel_tol=1e-9)), None)
         if twin is None:
             kept.append(pred)
-            runs[id(pred)] = [key[-1]]
-        elif key[-1] not in runs[id(twin)]:
-            runs[id(twin)].append(key[-1])
+            runs[id(pred)] = [(key[-1], pred)]
+        elif key[-1] not in (f for f, _ in runs[id(twin)]):
+            runs[id(twin)].append((key[-1], pred))
     return kept, runs

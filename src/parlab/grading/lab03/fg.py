@@ -136,7 +136,7 @@ def _hint(which: str, name: str, case: Case, got: list, own: list, want: list, o
                        if (k != "world" or case.groups == "pairs") and _fits(got, value)}])
     if named:
         return named
-    bad = [r for r in range(n) if not _fits(got[r:r + 1], want[r:r + 1])]
+    bad = [r for r in range(n) if not _fits(got[r:r + 1], want[r:r + 1])] or list(range(n))
     scale = check.grad_scale({"t": got[bad[0]]}, {"t": want[bad[0]]}) if isinstance(got[bad[0]], torch.Tensor) else None
     same = scale and all(abs((check.grad_scale({"t": got[r]}, {"t": want[r]}) or 0) / scale - 1) < 1e-3
                          for r in bad)

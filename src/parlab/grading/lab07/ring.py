@@ -158,13 +158,17 @@ def _dkdv_hint(case: RingCase, got: list, pos: torch.Tensor) -> str:
     ref = reference(case)
     own = {"dk": [ds[:, :, pos[r]][..., pos[r]].transpose(-1, -2) @ q[:, :, pos[r]] * scale for r in range(n)],
            "dv": [p[:, :, pos[r]][..., pos[r]].transpose(-1, -2) @ dout[:, :, pos[r]] for r in range(n)]}
+    def holds_chunk_of(r: int, way: int) -> bool:
+        return all(check.same_values(got[r][x], ref[x][:, :, pos[(r + way) % n]]) for x in ("dk", "dv"))
+
+    # one hop short the same way round on every rank: each chunk's whole gradient is on exactly one rank
+    short = n > 1 and any(all(holds_chunk_of(r, way) for r in range(n)) for way in (1, -1))
     pieces = []
     for r, res in enumerate(got):
         fits = {}
         if all(check.same_values(res[x], own[x][r]) for x in ("dk", "dv")):
             fits["own only"] = _OWN_ONLY
-        if any(all(check.same_values(res[x], ref[x][:, :, pos[(r + way) % n]]) for x in ("dk", "dv"))
-               for way in (1, -1)) and n > 1:
+        if short:
             fits["hop short"] = _HOP_SHORT
         pieces.append(fits)
     return diagnose(pieces)
