@@ -43,7 +43,7 @@ README_DROPS = ("What is in the box", "Tests", "Measured")
 #: Sentences of the README about what the distribution leaves out; each must match once, so that a
 #: README rewritten without updating these fails the build instead of shipping a dangling sentence.
 README_CUTS = (r"^make test [^\n]*\n",
-               r" `tests/wrong_answers/` keeps, per lab, .*? every correct one passes\.",
+               r" `tests/wrong_answers/` keeps, per lab, .*? every\s+correct\s+one\s+passes\.",
                r" Instructors: see `docs/instructor\.md`;\s+`make release` regenerates `labs/` from `solutions/` "
                r"with nbgrader\.",
                # any line breaks: the README is rewrapped when its sentences change

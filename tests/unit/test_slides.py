@@ -311,9 +311,7 @@ def test_the_scenario_slides_claims_hold_in_the_planner():
     assert (f"the same layout fits at micro-batch 4 ({sum(op.prediction.memory.values()) / 1e9:.1f} GB) and predicts "
             f"{op_share:.3f} of the fastest, just inside the band") in band_notes
     assert "the nine heterogeneous published runs it covers" in notes
-    # the band's floor, and the band the known miss would set if counted at the H100 SXM's peak
-    floor = f"{1 - band.error:.3f}"
-    assert f"just inside (the band's floor is {floor})" in band_slide and f"(its floor is {floor})" in band_notes
+    # the band the known miss would set if counted at the H100 SXM's peak
     miss = next(r for r in planner_published.RUNS if r.miss)
     wide = abs(planner_published.ratios()[miss.name] - 1)
     assert wide > band.error and f"its {planner_published.ratios()[miss.name]:.2f} would set the band at " \
