@@ -184,8 +184,10 @@ def _timed_out(f: Facts) -> LaunchTimeout:
     lines = [f"{f.subject} did not finish within {f.timeout:g} s. Where each rank was:"]
     lines += [f"  rank {r}: {text}" for r, text in st.items()]
     starting = [r for r, v in st.items() if v in (_stacks.STARTING_UP, NOT_STARTED)]
-    if starting and len(starting) == len(unfinished):
-        lines += ["", f"The ranks had not finished starting: a start takes about 1-2 s forked from the "
+    if starting:  # a rank still starting holds up any collective of the others, so say that first
+        which = "The ranks" if len(starting) == len(unfinished) else \
+            f"Rank{'s' if len(starting) > 1 else ''} {', '.join(map(str, starting))}"
+        lines += ["", f"{which} had not finished starting: a start takes about 1-2 s forked from the "
                       f"kernel's fork server and 4-10 s cold, more when many launches share the CPU cores "
                       f"or the task imports large modules. Raise timeout= (it was {f.timeout:g} s)."]
         return LaunchTimeout("\n".join(lines), timeout=f.timeout, stacks={}, status=st)
