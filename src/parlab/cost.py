@@ -1,6 +1,6 @@
 """Back-of-the-envelope cost models: memory, communication, bubbles, time.
 
-(Over 450 lines, 610 now: one short function per published formula, each with its source; the
+(Over 450 lines, about 770 now: one short function per published formula, each with its source; the
 length is the docstrings, not shared state.)
 
 Every function is one formula from the literature; the docstring names the

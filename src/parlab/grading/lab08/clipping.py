@@ -169,13 +169,13 @@ _NORM_MISTAKES = {
 }
 
 
-def _signatures(name: str, case: ClipCase, r: int, n: int, total: float) -> tuple[float, ...]:
-    """The norms rank ``r`` could return with mistake ``name`` (none where it cannot show)."""
-    own, rep = _squares(case, n)
+def _signatures(own: list[float], rep: float, r: int, n: int, total: float, max_norm: float) -> dict:
+    """``{mistake: the norms rank r could return with it}`` (none where it cannot show), from each
+    rank's sum of squares ``own`` and the replicated ones' ``rep`` (``_squares``)."""
     return {"replicated n times": ((sum(own) + n * rep) ** 0.5,) if rep else (),
             "own only": ((own[r] + rep) ** 0.5,),
             "norms added": (sum((o + rep) ** 0.5 for o in own), sum(o ** 0.5 for o in own) + rep ** 0.5),
-            "clipped norm": (case.max_norm,) if total > case.max_norm else ()}[name]
+            "clipped norm": (max_norm,) if total > max_norm else ()}
 
 
 def _norm_evidence(g: Graded) -> tuple[list, list]:
@@ -184,8 +184,9 @@ def _norm_evidence(g: Graded) -> tuple[list, list]:
     wrong, right = [], []
     for i, case in enumerate(g.cases[:min(len(r) for r in g.results)]):
         total, _ = reference(case)
+        own, rep = _squares(case, g.n)
         for r, res in enumerate(g.at(i)):
-            got, sig = res["norm"], {k: _signatures(k, case, r, g.n, total) for k in _NORM_MISTAKES}
+            got, sig = res["norm"], _signatures(own, rep, r, g.n, total, case.max_norm)
             if not isinstance(got, float | int):
                 wrong.append({})
             elif _near(got, total):
